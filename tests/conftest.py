@@ -1,0 +1,134 @@
+"""Shared fixtures: real processes, reserved ports, and a guarantee of no orphans."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tfcluster.ports import pick_free_ports
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def base_env(**extra):
+    """The environment a test's child process gets: quiet TF, tfcluster importable."""
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["GRPC_VERBOSITY"] = "NONE"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+TFCLUSTER = [sys.executable, "-m", "tfcluster"]
+
+
+def run_cli(*args, timeout=60, env=None, **kw):
+    """Run ``tfcluster ARGS`` to completion and return the CompletedProcess (text)."""
+    return subprocess.run(TFCLUSTER + [str(a) for a in args], capture_output=True, text=True,
+                          timeout=timeout, env=env or base_env(), **kw)
+
+
+def kill_tree(pid, sig=signal.SIGKILL):
+    """Kill a process and every descendant of it (each by PID, never by name)."""
+    try:
+        root = psutil.Process(pid)
+        family = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=5)
+
+
+class Procs:
+    """Starts child processes for a test and, whatever happens, leaves none behind."""
+
+    def __init__(self):
+        self.started = []
+
+    def start(self, cmd, env=None, **kw):
+        """Popen ``cmd`` in its own session with pipes; remembered for cleanup."""
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.STDOUT)
+        p = subprocess.Popen([str(c) for c in cmd], env=env or base_env(), text=True,
+                             start_new_session=True, **kw)
+        self.started.append(p)
+        return p
+
+    def cli(self, *args, **kw):
+        """Start ``tfcluster ARGS`` in the background."""
+        return self.start(TFCLUSTER + list(args), **kw)
+
+    def descendants(self):
+        """Every live process started by this test, children included."""
+        out = []
+        for p in self.started:
+            try:
+                root = psutil.Process(p.pid)
+                out += [root] + root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+        return [q for q in out if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+
+    def cleanup(self):
+        for p in self.started:
+            kill_tree(p.pid)
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            for f in (p.stdout, p.stderr):
+                if f:
+                    f.close()
+
+
+@pytest.fixture
+def procs():
+    """Start real processes; every one (and its children) is killed at teardown."""
+    p = Procs()
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture
+def ports():
+    """A function that returns n distinct free ports on localhost."""
+    return lambda n: pick_free_ports(n)
+
+
+def wait_until(predicate, timeout, what):
+    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def no_process_left(pids, timeout=5.0):
+    """True once none of ``pids`` is alive (zombies count as gone)."""
+    def gone():
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                pass
+        return True
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if gone():
+            return True
+        time.sleep(0.05)
+    return gone()

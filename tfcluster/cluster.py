@@ -1,0 +1,446 @@
+"""Where every task of a cluster lives: one immutable, validated description.
+
+A :class:`Cluster` maps job names (``chief``, ``worker``, ``ps``) to lists of
+``host:port`` addresses and optionally names the task this process plays. It is
+built from TF_CONFIG, JSON files, host lists, legacy flags, Slurm's environment
+or local counts, and rendered back to ``tf.train.ClusterSpec``, TF_CONFIG,
+legacy flags and a per-task ``ConfigProto``.
+
+This module never imports TensorFlow at import time, so the CLI stays fast.
+"""
+
+import ipaddress
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Optional
+
+from .errors import SpecError
+
+#: Jobs that may appear in a training cluster, in the order tasks are listed.
+CLUSTER_JOBS = ("chief", "worker", "ps")
+#: Every role a process can play. The evaluator is a role but never a cluster
+#: job: a session waits for every task in its ClusterSpec, so an evaluator
+#: listed there makes everybody wait for it (kubeflow/trainer#1139).
+TASK_TYPES = CLUSTER_JOBS + ("evaluator",)
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
+
+
+@dataclass(frozen=True, order=True)
+class Task:
+    """One task of a cluster: a job name and an index into that job."""
+
+    job: str
+    index: int
+
+    @property
+    def device(self) -> str:
+        """The TensorFlow device prefix of this task, e.g. ``/job:ps/task:0``."""
+        return f"/job:{self.job}/task:{self.index}"
+
+    def __str__(self) -> str:
+        return f"{self.job}:{self.index}"
+
+
+def parse_address(text: str, where: str = "address") -> tuple:
+    """Split ``host:port`` (or ``[v6]:port``) into a validated (host, port)."""
+    if not isinstance(text, str):
+        raise SpecError(f"{where}: expected a 'host:port' string, got {text!r}")
+    addr = text.strip()
+    if addr.startswith("grpc://"):
+        addr = addr[len("grpc://"):]
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\S+)|([^\s:/\[\]]+):(\S+)", addr)
+    if not m:
+        raise SpecError(f"{where}: {text!r} is not of the form host:port")
+    host = m.group(1) or m.group(3)
+    port_text = m.group(2) or m.group(4)
+    if not port_text.isdigit():
+        raise SpecError(f"{where}: port {port_text!r} in {text!r} is not a number")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise SpecError(f"{where}: port {port} in {text!r} is out of range 1-65535")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` names this machine's loopback interface."""
+    if host.lower() in _LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _identity(address: str) -> tuple:
+    host, port = parse_address(address)
+    # localhost and 127.0.0.1 are one socket; two tasks on them would clash.
+    return ("loopback" if is_loopback(host) else host.lower(), port)
+
+
+def _split_hosts(value, where: str) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items = [v for v in (p.strip() for p in value.split(",")) if v]
+        if not items:
+            raise SpecError(f"{where}: empty host list {value!r}")
+        return tuple(items)
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    raise SpecError(f"{where}: expected a list of 'host:port' strings, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """An immutable, validated cluster: jobs to addresses, plus this process's task."""
+
+    jobs: Mapping[str, tuple]
+    task: Optional[Task] = None
+
+    def __post_init__(self):
+        if not isinstance(self.jobs, Mapping):
+            raise SpecError(f"cluster: expected an object of job -> addresses, got {type(self.jobs).__name__}")
+        clean = {}
+        for job, addrs in self.jobs.items():
+            if job == "evaluator":
+                raise SpecError(
+                    "cluster: 'evaluator' must not be listed in the cluster, or every session waits "
+                    "for it; run it as task type 'evaluator' outside the cluster (tfcluster local --evaluator)")
+            if job not in CLUSTER_JOBS:
+                raise SpecError(f"cluster: unknown job {job!r}; jobs are {', '.join(CLUSTER_JOBS)}")
+            addrs = _split_hosts(addrs, f"job {job!r}")
+            if not addrs:
+                raise SpecError(f"cluster: job {job!r} has no tasks")
+            for i, a in enumerate(addrs):
+                parse_address(a, f"{job}:{i}")
+            clean[job] = tuple(a.strip() for a in addrs)
+        if not clean:
+            raise SpecError("cluster: no jobs; a cluster needs at least one worker or chief")
+        if "worker" not in clean and "chief" not in clean:
+            raise SpecError("cluster: no 'worker' or 'chief' job; nobody would train")
+        if len(clean.get("chief", ())) > 1:
+            raise SpecError(f"cluster: job 'chief' has {len(clean['chief'])} tasks; it takes exactly one")
+        seen = {}
+        for job in CLUSTER_JOBS:
+            for i, a in enumerate(clean.get(job, ())):
+                key = _identity(a)
+                if key in seen:
+                    raise SpecError(f"cluster: duplicate address {a} for {seen[key]} and {job}:{i}")
+                seen[key] = f"{job}:{i}"
+        ordered = {job: clean[job] for job in CLUSTER_JOBS if job in clean}
+        object.__setattr__(self, "jobs", MappingProxyType(ordered))
+        if self.task is not None:
+            object.__setattr__(self, "task", self._check_task(self.task))
+
+    def _check_task(self, task) -> Task:
+        if isinstance(task, tuple) and not isinstance(task, Task):
+            task = Task(*task)
+        job, index = task.job, task.index
+        if job not in TASK_TYPES:
+            raise SpecError(f"task: unknown job {job!r}; task types are {', '.join(TASK_TYPES)}")
+        if isinstance(index, bool) or not isinstance(index, int):
+            try:
+                index = int(str(index))
+            except ValueError:
+                raise SpecError(f"task: index {index!r} of job {job!r} is not a whole number") from None
+        if job == "evaluator":
+            if index != 0:
+                raise SpecError(f"task: evaluator index {index} is out of range; there is one evaluator, index 0")
+        elif job not in self.jobs:
+            raise SpecError(f"task: job {job!r} is not in the cluster (jobs: {', '.join(self.jobs)})")
+        elif not 0 <= index < len(self.jobs[job]):
+            raise SpecError(
+                f"task: index {index} is out of range for job {job!r}, "
+                f"which has {len(self.jobs[job])} task(s): 0-{len(self.jobs[job]) - 1}")
+        return Task(job, index)
+
+    # ------------------------------------------------------------------ sources
+    @classmethod
+    def from_dict(cls, data, where: str = "cluster spec") -> "Cluster":
+        """Build from a TF_CONFIG-shaped dict, or from a bare cluster dict."""
+        if not isinstance(data, dict):
+            raise SpecError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        if "cluster" in data:
+            unknown = set(data) - {"cluster", "task", "environment", "rpc_layer"}
+            if unknown:
+                raise SpecError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} beside 'cluster'")
+            jobs, task = data["cluster"], data.get("task")
+        else:
+            jobs, task = data, None
+        if task is not None:
+            if not isinstance(task, dict) or "type" not in task:
+                raise SpecError(f"{where}: 'task' must be an object like {{\"type\": \"worker\", \"index\": 0}}")
+            task = (task["type"], task.get("index", 0))
+        try:
+            return cls(jobs, task)
+        except SpecError as e:
+            raise SpecError(f"{where}: {e}") from None
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "cluster spec") -> "Cluster":
+        """Parse JSON text in the TF_CONFIG shape or the bare cluster shape."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecError(f"{where}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        return cls.from_dict(data, where)
+
+    @classmethod
+    def from_file(cls, path: str) -> "Cluster":
+        """Read a cluster JSON file (TF_CONFIG shape or bare cluster dict)."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise SpecError(f"cannot read cluster file {path}: {e.strerror}") from None
+        return cls.from_json(text, where=path)
+
+    @classmethod
+    def from_tf_config(cls, environ: Optional[Mapping] = None) -> "Cluster":
+        """Read the TF_CONFIG environment variable (Kubeflow, SageMaker, tf.distribute)."""
+        env = os.environ if environ is None else environ
+        text = env.get("TF_CONFIG")
+        if not text:
+            raise SpecError("TF_CONFIG is not set; start this script with tfcluster start/local, or set TF_CONFIG")
+        return cls.from_json(text, where="TF_CONFIG")
+
+    @classmethod
+    def from_hosts(cls, ps=None, worker=None, chief=None, job=None, task=None) -> "Cluster":
+        """Build from host lists (``"h:p,h:p"`` or lists) and an optional job/task."""
+        jobs = {}
+        for name, value in (("chief", chief), ("worker", worker), ("ps", ps)):
+            hosts = _split_hosts(value, f"--{name}")
+            if value is not None:
+                jobs[name] = hosts
+        if (job is None) != (task is None):
+            raise SpecError("--job and --task go together; give both or neither")
+        return cls(jobs, None if job is None else (job, task))
+
+    @classmethod
+    def from_slurm(cls, environ: Optional[Mapping] = None, ps: int = 0, port_base: int = 8888) -> "Cluster":
+        """Build from Slurm's environment, as TF's SlurmClusterResolver does.
+
+        Tasks are numbered across the step's nodes in order; a node running k
+        tasks gives them ports ``port_base .. port_base+k-1``; the first ``ps``
+        tasks are parameter servers, the rest workers; SLURM_PROCID picks ours.
+        """
+        env = os.environ if environ is None else environ
+
+        def need(*names):
+            for n in names:
+                if env.get(n):
+                    return env[n]
+            raise SpecError(f"Slurm: {names[0]} is not set; run under srun, or pass --cluster")
+
+        hosts = expand_hostlist(need("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"))
+        per_node = expand_tasks_per_node(
+            need("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"), len(hosts))
+        addrs = [f"{h}:{port_base + k}" for h, n in zip(hosts, per_node) for k in range(n)]
+        rank_text = need("SLURM_PROCID")
+        if not rank_text.isdigit():
+            raise SpecError(f"Slurm: SLURM_PROCID={rank_text!r} is not a whole number")
+        rank = int(rank_text)
+        if not 0 <= ps < len(addrs):
+            raise SpecError(f"Slurm: {ps} ps task(s) leave no worker among {len(addrs)} task(s)")
+        if rank >= len(addrs):
+            raise SpecError(f"Slurm: SLURM_PROCID={rank} is out of range for {len(addrs)} task(s)")
+        jobs = {"worker": addrs[ps:]}
+        if ps:
+            jobs["ps"] = addrs[:ps]
+        task = ("ps", rank) if rank < ps else ("worker", rank - ps)
+        return cls(jobs, task)
+
+    @classmethod
+    def local(cls, ps: int = 0, workers: int = 1, chief: bool = False, host: str = "localhost",
+              ports=None, base_port: Optional[int] = None) -> "Cluster":
+        """A cluster on one host: explicit ports, consecutive from base_port, or free ones."""
+        for name, n in (("--ps", ps), ("--workers", workers)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise SpecError(f"{name} must be a whole number >= 0, got {n!r}")
+        if workers == 0 and not chief:
+            raise SpecError("--workers 0 leaves nobody to train; give --workers 1 or more (or --chief)")
+        total = ps + workers + int(chief)
+        if ports is None:
+            if base_port is not None:
+                if not 1 <= base_port <= 65535 - total + 1:
+                    raise SpecError(f"--base-port {base_port} leaves no room for {total} ports below 65536")
+                ports = list(range(base_port, base_port + total))
+            else:
+                from .ports import pick_free_ports
+                ports = pick_free_ports(total, host)
+        ports = list(ports)
+        if len(ports) != total:
+            raise SpecError(f"{total} task(s) need {total} ports, got {len(ports)}")
+        fmt = f"[{host}]:{{}}" if ":" in host else f"{host}:{{}}"
+        it = iter(ports)
+        jobs = {}
+        if chief:
+            jobs["chief"] = [fmt.format(next(it))]
+        if workers:
+            jobs["worker"] = [fmt.format(next(it)) for _ in range(workers)]
+        if ps:
+            jobs["ps"] = [fmt.format(next(it)) for _ in range(ps)]
+        return cls(jobs)
+
+    # -------------------------------------------------------------------- views
+    def with_task(self, job: str, index) -> "Cluster":
+        """The same cluster, seen from task (job, index)."""
+        return Cluster(self.jobs, (job, index))
+
+    def tasks(self, jobs=None):
+        """Every task of the cluster (or of the given jobs), chief first, ps last."""
+        return [Task(j, i) for j in self.jobs if jobs is None or j in jobs for i in range(len(self.jobs[j]))]
+
+    def address(self, task: Task) -> str:
+        """The host:port of a task."""
+        return self.jobs[task.job][task.index]
+
+    def num_tasks(self, job: str) -> int:
+        """How many tasks a job has (0 for an absent job)."""
+        return len(self.jobs.get(job, ()))
+
+    @property
+    def num_replicas(self) -> int:
+        """Tasks that train: the workers plus the chief."""
+        return self.num_tasks("worker") + self.num_tasks("chief")
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the task that initialises and checkpoints (chief, else worker 0)."""
+        t = self._require_task()
+        if "chief" in self.jobs:
+            return t.job == "chief"
+        return t.job == "worker" and t.index == 0
+
+    def needed_tasks(self, task: Optional[Task] = None):
+        """The tasks that ``task`` must reach to run a session: ps tasks for trainers."""
+        t = task or self._require_task()
+        if t.job in ("worker", "chief"):
+            return self.tasks(("ps",))
+        return []
+
+    def _require_task(self) -> Task:
+        if self.task is None:
+            raise SpecError("no task given: name this process's job and task (--job/--task or TF_CONFIG)")
+        return self.task
+
+    # ------------------------------------------------------------------ renders
+    def as_dict(self) -> dict:
+        """The bare cluster dict, ``{"worker": [...], "ps": [...]}``."""
+        return {j: list(a) for j, a in self.jobs.items()}
+
+    def to_cluster_spec(self):
+        """Render as a ``tf.train.ClusterSpec`` (imports TensorFlow)."""
+        import tensorflow as tf
+        return tf.train.ClusterSpec(self.as_dict())
+
+    def tf_config(self, task: Optional[Task] = None) -> str:
+        """Render TF_CONFIG JSON for a task (this process's task by default)."""
+        t = self._check_task(task) if task is not None else self._require_task()
+        return json.dumps({"cluster": self.as_dict(), "task": {"type": t.job, "index": t.index}},
+                          separators=(",", ":"))
+
+    def to_json(self) -> str:
+        """Pretty JSON of the bare cluster dict, for a cluster file."""
+        return json.dumps(self.as_dict(), indent=2) + "\n"
+
+    def legacy_flags(self, task: Optional[Task] = None, style: str = "all") -> list:
+        """The TF1 flags ``--job_name --task_index [--ps_hosts --worker_hosts]``."""
+        if style not in ("all", "job-task", "none"):
+            raise SpecError(f"legacy flags: unknown style {style!r}; use all, job-task or none")
+        t = self._check_task(task) if task is not None else self._require_task()
+        if style == "none":
+            return []
+        flags = [f"--job_name={t.job}", f"--task_index={t.index}"]
+        if style == "all":
+            flags += [f"--ps_hosts={','.join(self.jobs.get('ps', ()))}",
+                      f"--worker_hosts={','.join(self.jobs.get('worker', ()))}"]
+        return flags
+
+    def device_filters(self, task: Optional[Task] = None) -> list:
+        """Devices a task's sessions may see: trainers see the ps tasks and themselves.
+
+        Without filters every session contacts every task, so one missing or
+        slow worker blocks all the others (tensorflow/tensorflow#21629).
+        """
+        t = task or self._require_task()
+        if t.job in ("worker", "chief"):
+            return (["/job:ps"] if "ps" in self.jobs else []) + [t.device]
+        if t.job == "ps":
+            return [t.device]
+        return []
+
+    def session_config(self, task: Optional[Task] = None, **overrides):
+        """A ``ConfigProto`` for a task: device filters and soft placement on."""
+        import tensorflow as tf
+        t = task or self._require_task()
+        config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_filters=self.device_filters(t))
+        for k, v in overrides.items():
+            setattr(config, k, v)
+        return config
+
+    def describe(self) -> str:
+        """One line per task: ``worker:0  localhost:2223``."""
+        return "\n".join(f"{str(t):<10} {self.address(t)}" for t in self.tasks())
+
+
+# ------------------------------------------------------------------- Slurm text
+def _split_top_level(text: str) -> list:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_range_set(body: str, where: str) -> list:
+    out = []
+    for part in body.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if not m:
+            raise SpecError(f"Slurm: bad range {part!r} in host list {where!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if int(hi) < int(lo):
+            raise SpecError(f"Slurm: descending range {part!r} in host list {where!r}")
+        width = len(lo)
+        out += [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+    return out
+
+
+def expand_hostlist(text: str) -> list:
+    """Expand a Slurm compressed host list, e.g. ``node[1-3,5],gpu01``."""
+    hosts = []
+    for item in _split_top_level(text):
+        pieces = re.split(r"(\[[^\]]*\])", item)
+        if item.count("[") != item.count("]"):
+            raise SpecError(f"Slurm: unbalanced brackets in host list {text!r}")
+        choices = [_expand_range_set(p[1:-1], text) if p.startswith("[") else [p] for p in pieces if p]
+        hosts += ["".join(c) for c in itertools.product(*choices)]
+    if not hosts:
+        raise SpecError(f"Slurm: empty host list {text!r}")
+    return hosts
+
+
+def expand_tasks_per_node(text: str, nodes: int) -> list:
+    """Expand Slurm's tasks-per-node text, e.g. ``2(x3),1`` -> [2, 2, 2, 1]."""
+    counts = []
+    for part in text.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise SpecError(f"Slurm: bad tasks-per-node entry {part!r} in {text!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    if len(counts) != nodes:
+        raise SpecError(f"Slurm: tasks per node {text!r} covers {len(counts)} node(s), the host list has {nodes}")
+    return counts

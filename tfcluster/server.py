@@ -1,0 +1,243 @@
+"""A task's server: starting it, seeing who else is up, waiting, and ending.
+
+Every wait here has a timeout and says what it waits for, because a TF1
+session on a cluster with a missing task otherwise waits forever ("CreateSession
+still waiting for response from worker", pitfalls item 1). Parameter servers
+end through a shared queue on each ps into which every trainer puts one token
+when it is done, the known cure for ps tasks that never exit (pitfalls item 2).
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Optional
+
+from .cluster import Cluster, Task, parse_address
+from .errors import ClusterUnreachableError, PortInUseError, SpecError
+from .ports import port_holder, port_is_free
+
+log = logging.getLogger("tfcluster")
+
+_PROXY_VARS = ("grpc_proxy", "https_proxy", "http_proxy", "GRPC_PROXY", "HTTPS_PROXY", "HTTP_PROXY")
+
+
+def quiet_tensorflow(verbose: bool = False):
+    """Silence TensorFlow's C++ logging unless ``verbose``; call before TF is imported."""
+    if verbose:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    else:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # gRPC logs a failed bind as an error of its own, before TF turns it
+        # into an exception that tfcluster reports in one clear line.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+
+def bypass_proxy_for(cluster: Cluster):
+    """Keep gRPC from sending cluster traffic through an HTTP proxy (tensorflow/tensorflow#24887)."""
+    if not any(os.environ.get(v) for v in _PROXY_VARS):
+        return
+    hosts = {parse_address(a)[0] for addrs in cluster.jobs.values() for a in addrs}
+    current = [h for h in os.environ.get("no_grpc_proxy", "").split(",") if h]
+    os.environ["no_grpc_proxy"] = ",".join(sorted(set(current) | hosts))
+
+
+def start_server(cluster: Cluster, task: Optional[Task] = None, config=None):
+    """Start the ``tf.compat.v1.train.Server`` of a task, with its device filters.
+
+    A busy port raises :class:`PortInUseError` naming the task, the port and,
+    where psutil can tell, the process that holds it.
+    """
+    t = task or cluster._require_task()
+    if t.job == "evaluator":
+        raise SpecError("the evaluator runs outside the cluster and has no server")
+    host, port = parse_address(cluster.address(t))
+    # A launcher that holds the port for us sets TF_GRPC_REUSE_PORT; then the
+    # bind test would see its placeholder, so leave the verdict to TF.
+    if os.environ.get("TF_GRPC_REUSE_PORT") != "1" and not port_is_free(port, host):
+        raise _port_in_use(t, port)
+    bypass_proxy_for(cluster)
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    config = config or cluster.session_config(t)
+    try:
+        server = tf1.train.Server(cluster.to_cluster_spec(), job_name=t.job, task_index=t.index,
+                                  config=config, start=True)
+    except tf.errors.UnknownError as e:
+        if "Could not start gRPC server" in str(e):
+            raise _port_in_use(t, port) from None
+        raise
+    log.info("%s serving on %s", t, cluster.address(t))
+    return server
+
+
+def _port_in_use(task: Task, port: int) -> PortInUseError:
+    holder = port_holder(port)
+    who = f" (held by {holder})" if holder else ""
+    return PortInUseError(f"port {port} of {task.device} is already in use{who}")
+
+
+def server_from_tf_config(timeout: float = 120.0, environ=None):
+    """The one call a TF1 script needs: read TF_CONFIG, start its server, wait for the ps.
+
+    Returns ``(cluster, server)``; ``server`` is None for the evaluator.
+    """
+    cluster = Cluster.from_tf_config(environ)
+    if cluster.task.job == "evaluator":
+        return cluster, None
+    server = start_server(cluster)
+    wait_for_cluster(cluster, timeout=timeout)
+    return cluster, server
+
+
+# ------------------------------------------------------------------ readiness
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+        return True
+    except (socket.gaierror, UnicodeError):
+        return False
+
+
+def probe(cluster: Cluster, tasks=None, timeout: float = 1.0) -> dict:
+    """Which tasks answer on gRPC: ``{task: "up" | "down" | "unresolvable"}``."""
+    import grpc
+    tasks = list(cluster.tasks() if tasks is None else tasks)
+    result, futures, channels = {}, {}, []
+    for t in tasks:
+        host, port = parse_address(cluster.address(t))
+        if not _resolves(host):
+            result[t] = "unresolvable"
+            continue
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        ch = grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)])
+        channels.append(ch)
+        futures[t] = grpc.channel_ready_future(ch)
+    deadline = time.monotonic() + timeout
+    for t, fut in futures.items():
+        try:
+            fut.result(timeout=max(0.0, deadline - time.monotonic()))
+            result[t] = "up"
+        except grpc.FutureTimeoutError:
+            fut.cancel()
+            result[t] = "down"
+    for ch in channels:
+        ch.close()
+    return {t: result[t] for t in tasks}
+
+
+def _describe_missing(cluster, states) -> str:
+    parts = []
+    for t, state in states.items():
+        why = " (host does not resolve)" if state == "unresolvable" else ""
+        parts.append(f"{t.device} at {cluster.address(t)}{why}")
+    return ", ".join(parts)
+
+
+def wait_for_cluster(cluster: Cluster, task: Optional[Task] = None, timeout: float = 120.0,
+                     tasks=None, log_every: float = 5.0, stop: Optional[threading.Event] = None):
+    """Wait until the tasks ``task`` needs (its ps tasks) answer, or fail naming the missing ones."""
+    needed = list(tasks if tasks is not None else cluster.needed_tasks(task))
+    if not needed:
+        return
+    start = time.monotonic()
+    deadline = start + timeout
+    next_log = start + min(log_every, 1.0)
+    while True:
+        left = deadline - time.monotonic()
+        states = probe(cluster, needed, timeout=max(0.05, min(1.0, left)))
+        missing = {t: s for t, s in states.items() if s != "up"}
+        if not missing:
+            log.debug("all %d needed task(s) are up after %.1fs", len(needed), time.monotonic() - start)
+            return
+        now = time.monotonic()
+        if now >= deadline:
+            raise ClusterUnreachableError(
+                f"gave up after {timeout:g}s waiting for {_describe_missing(cluster, missing)}",
+                missing=list(missing))
+        if stop is not None and stop.is_set():
+            raise ClusterUnreachableError("stopped while waiting for " + _describe_missing(cluster, missing),
+                                          missing=list(missing))
+        if now >= next_log:
+            log.info("waiting for %s (%.0fs of %gs)", _describe_missing(cluster, missing), now - start, timeout)
+            next_log = now + log_every
+        needed = list(missing)
+        time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+
+
+# ------------------------------------------------------------------- ending
+_DONE_CAPACITY = 4096
+
+
+def _done_queue(ps: Task):
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    # Both sides must declare the queue identically: same shared_name, type,
+    # shape and capacity, or TF refuses to share it.
+    with tf1.device(ps.device):
+        return tf1.FIFOQueue(_DONE_CAPACITY, [tf.string], shapes=[[]],
+                             shared_name=f"tfcluster_done_{ps.job}_{ps.index}", name="tfcluster_done")
+
+
+def serve_until_done(server, cluster: Cluster, task: Optional[Task] = None,
+                     stop: Optional[threading.Event] = None, exit_when_done: bool = True) -> str:
+    """Host a ps task until every trainer has said it is done, or ``stop`` is set.
+
+    Returns ``"done"`` or ``"stopped"``.
+    """
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    t = task or cluster._require_task()
+    stop = stop or threading.Event()
+    if not exit_when_done:
+        stop.wait()
+        return "stopped"
+    expected = {str(x) for x in cluster.tasks(("chief", "worker"))}
+    graph = tf1.Graph()
+    with graph.as_default():
+        dequeue = _done_queue(t).dequeue()
+    seen = set()
+    options = tf1.RunOptions(timeout_in_ms=300)
+    with tf1.Session(server.target, graph=graph, config=cluster.session_config(t)) as sess:
+        while not stop.is_set():
+            try:
+                who = sess.run(dequeue, options=options).decode()
+            except tf.errors.DeadlineExceededError:
+                continue
+            if who in expected and who not in seen:
+                seen.add(who)
+                log.info("%s is done (%d of %d)", who, len(seen), len(expected))
+            if seen >= expected:
+                log.info("every trainer is done; %s exits", t)
+                return "done"
+    return "stopped"
+
+
+def signal_done(cluster: Cluster, task: Optional[Task] = None, timeout: float = 10.0) -> int:
+    """Tell every ps that this trainer is done; returns how many ps were told.
+
+    It talks to each ps's own master, so it needs no server of its own and
+    works from a finished script, a launcher, or another terminal.
+    """
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    t = task or cluster._require_task()
+    ps_tasks = cluster.tasks(("ps",))
+    states = probe(cluster, ps_tasks, timeout=min(2.0, timeout))
+    told = 0
+    for ps in ps_tasks:
+        if states[ps] != "up":
+            log.debug("%s is not up; it needs no done signal", ps)
+            continue
+        graph = tf1.Graph()
+        with graph.as_default():
+            enqueue = _done_queue(ps).enqueue([str(t)])
+        config = tf1.ConfigProto(device_filters=[ps.device], operation_timeout_in_ms=int(timeout * 1000))
+        try:
+            with tf1.Session(f"grpc://{cluster.address(ps)}", graph=graph, config=config) as sess:
+                sess.run(enqueue, options=tf1.RunOptions(timeout_in_ms=int(timeout * 1000)))
+            told += 1
+        except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError) as e:
+            log.warning("could not tell %s that %s is done: %s", ps, t, str(e).splitlines()[0])
+    return told
