@@ -1,0 +1,84 @@
+"""Data: the shipped digits load offline, and real MNIST-format files load from disk."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from tfcluster import data
+
+
+def test_shipped_digits_load_without_network_as_images_in_unit_range():
+    d = data.load_digits()
+    assert d.x_train.shape[1:] == (8, 8, 1) and d.x_train.dtype == np.float32
+    assert len(d.x_train) + len(d.x_test) == 1797
+    assert 0.0 <= d.x_train.min() and d.x_train.max() <= 1.0
+    assert set(np.unique(d.y_train)) == set(range(10))
+
+
+def test_digits_split_is_the_same_in_every_process():
+    a, b = data.load_digits(), data.load_digits()
+    assert np.array_equal(a.y_test, b.y_test)
+
+
+def _write_mnist(directory, n_train=6, n_test=4, size=28):
+    rng = np.random.RandomState(1)
+    arrays = {
+        "train_images": rng.randint(0, 256, (n_train, size, size)).astype(np.uint8),
+        "train_labels": rng.randint(0, 10, n_train).astype(np.uint8),
+        "test_images": rng.randint(0, 256, (n_test, size, size)).astype(np.uint8),
+        "test_labels": rng.randint(0, 10, n_test).astype(np.uint8),
+    }
+    for key, stem in data.MNIST_FILES.items():
+        data.write_idx(str(directory / (stem + ".gz")), arrays[key])
+    return arrays
+
+
+def test_idx_files_in_a_directory_load_as_mnist(tmp_path):
+    arrays = _write_mnist(tmp_path)
+    d = data.load_mnist(str(tmp_path))
+    assert d.x_train.shape == (6, 28, 28, 1) and d.x_test.shape == (4, 28, 28, 1)
+    assert np.allclose(d.x_train[..., 0] * 255.0, arrays["train_images"])
+    assert np.array_equal(d.y_test, arrays["test_labels"])
+
+
+def test_keras_style_npz_loads(tmp_path):
+    rng = np.random.RandomState(0)
+    path = tmp_path / "fashion.npz"
+    np.savez(path, x_train=rng.randint(0, 256, (5, 28, 28)).astype(np.uint8), y_train=np.arange(5),
+             x_test=rng.randint(0, 256, (3, 28, 28)).astype(np.uint8), y_test=np.arange(3))
+    d = data.load(str(path))
+    assert d.x_train.shape == (5, 28, 28, 1) and list(d.y_test) == [0, 1, 2]
+
+
+def test_idx_round_trips_wider_types(tmp_path):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    data.write_idx(str(tmp_path / "a.idx"), a)
+    assert np.array_equal(data.read_idx(str(tmp_path / "a.idx")), a)
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"\x00\x00\x08", "bad magic"),
+    (b"\x01\x02\x08\x01\x00\x00\x00\x02", "bad magic"),
+    (b"\x00\x00\x08\x01\x00\x00\x00\x05\x01\x02", "holds 2 values"),
+])
+def test_a_corrupt_idx_file_is_refused_with_its_name(tmp_path, content, words):
+    p = tmp_path / "bad-idx1-ubyte.gz"
+    with gzip.open(p, "wb") as f:
+        f.write(content)
+    with pytest.raises(data.DataError, match=words) as e:
+        data.read_idx(str(p))
+    assert str(p) in str(e.value)
+
+
+def test_a_directory_without_the_files_says_where_to_put_them(tmp_path):
+    with pytest.raises(data.DataError, match="train-images-idx3-ubyte.gz"):
+        data.load_mnist(str(tmp_path))
+
+
+def test_shards_are_disjoint_and_cover_the_data():
+    x, y = np.arange(10), np.arange(10)
+    parts = [data.shard(x, y, 3, i)[0] for i in range(3)]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(10))
+    with pytest.raises(ValueError):
+        data.shard(x, y, 3, 3)
