@@ -16,8 +16,11 @@ setup(
         "psutil>=5.9",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2.1"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "scikit-learn>=1.3"],
+        # The examples train on the UCI digits that ship inside scikit-learn's wheel.
+        "examples": ["scikit-learn>=1.3"],
         "legacy": ["tf-keras~=2.21.0"],
+        "bench": ["matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["tfcluster=tfcluster.cli:main"]},
 )
