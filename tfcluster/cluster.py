@@ -117,7 +117,9 @@ class Cluster:
                 raise SpecError(f"cluster: job {job!r} has no tasks")
             for i, a in enumerate(addrs):
                 parse_address(a, f"{job}:{i}")
-            clean[job] = tuple(a.strip() for a in addrs)
+            # TF's ClusterSpec wants bare host:port; a grpc:// prefix would reach its bind.
+            clean[job] = tuple(a.strip()[len("grpc://"):] if a.strip().startswith("grpc://") else a.strip()
+                               for a in addrs)
         if not clean:
             raise SpecError("cluster: no jobs; a cluster needs at least one worker or chief")
         if "worker" not in clean and "chief" not in clean:
@@ -244,7 +246,9 @@ class Cluster:
         if not rank_text.isdigit():
             raise SpecError(f"Slurm: SLURM_PROCID={rank_text!r} is not a whole number")
         rank = int(rank_text)
-        if not 0 <= ps < len(addrs):
+        if isinstance(ps, bool) or not isinstance(ps, int) or ps < 0:
+            raise SpecError(f"Slurm: the number of ps tasks must be a whole number >= 0, got {ps!r}")
+        if ps >= len(addrs):
             raise SpecError(f"Slurm: {ps} ps task(s) leave no worker among {len(addrs)} task(s)")
         if rank >= len(addrs):
             raise SpecError(f"Slurm: SLURM_PROCID={rank} is out of range for {len(addrs)} task(s)")

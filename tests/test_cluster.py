@@ -1,0 +1,388 @@
+"""The cluster description: every source it is built from, every render, every refusal.
+
+Unit tests: no TensorFlow process is started. Only the two tests that render to
+TensorFlow objects import TensorFlow.
+"""
+
+import dataclasses
+import json
+
+import pytest
+
+from tfcluster.cluster import Cluster, Task, expand_hostlist, expand_tasks_per_node, parse_address
+from tfcluster.errors import SpecError, TfclusterError
+from tfcluster.ports import port_is_free
+
+JOBS = {"worker": ["localhost:2223", "localhost:2224"], "ps": ["localhost:2222"]}
+
+
+def slurm_env(nodes, tasks_per_node, procid, **extra):
+    env = {"SLURM_STEP_NODELIST": nodes, "SLURM_STEP_TASKS_PER_NODE": tasks_per_node,
+           "SLURM_PROCID": str(procid)}
+    env.update(extra)
+    return env
+
+
+# ------------------------------------------------------------------ sources
+def test_a_bare_cluster_json_gives_the_jobs_in_chief_worker_ps_order_and_no_task():
+    c = Cluster.from_json(json.dumps({"ps": ["h0:1"], "worker": ["h1:2"], "chief": ["h2:3"]}))
+    assert list(c.jobs) == ["chief", "worker", "ps"]
+    assert c.as_dict() == {"chief": ["h2:3"], "worker": ["h1:2"], "ps": ["h0:1"]}
+    assert c.task is None
+
+
+def test_a_tf_config_shaped_json_gives_the_jobs_and_this_task():
+    c = Cluster.from_json(json.dumps({"cluster": JOBS, "task": {"type": "worker", "index": 1},
+                                      "environment": "cloud"}))
+    assert c.as_dict() == JOBS
+    assert c.task == Task("worker", 1)
+    assert c.address(c.task) == "localhost:2224"
+
+
+def test_a_task_without_an_index_is_task_0():
+    c = Cluster.from_json(json.dumps({"cluster": JOBS, "task": {"type": "ps"}}))
+    assert c.task == Task("ps", 0)
+
+
+def test_a_cluster_file_in_either_shape_is_read(tmp_path):
+    bare, shaped = tmp_path / "bare.json", tmp_path / "shaped.json"
+    bare.write_text(json.dumps(JOBS))
+    shaped.write_text(json.dumps({"cluster": JOBS, "task": {"type": "ps", "index": 0}}))
+    assert Cluster.from_file(str(bare)).as_dict() == JOBS
+    assert Cluster.from_file(str(shaped)).task == Task("ps", 0)
+
+
+def test_tf_config_is_read_from_the_given_environment():
+    env = {"TF_CONFIG": json.dumps({"cluster": JOBS, "task": {"type": "worker", "index": 0}})}
+    c = Cluster.from_tf_config(env)
+    assert c.as_dict() == JOBS and c.task == Task("worker", 0)
+    assert c.is_chief and c.num_replicas == 2
+
+
+def test_an_evaluator_task_is_allowed_beside_the_cluster_and_waits_for_nobody():
+    env = {"TF_CONFIG": json.dumps({"cluster": JOBS, "task": {"type": "evaluator", "index": 0}})}
+    c = Cluster.from_tf_config(env)
+    assert c.task == Task("evaluator", 0)
+    assert "evaluator" not in c.jobs
+    assert c.needed_tasks() == []
+
+
+@pytest.mark.parametrize("ps, worker", [
+    ("localhost:2222", "localhost:2223,localhost:2224"),
+    (["localhost:2222"], ["localhost:2223", "localhost:2224"]),
+    (" localhost:2222 ", "localhost:2223, localhost:2224,"),
+])
+def test_host_lists_as_strings_or_lists_give_the_same_cluster(ps, worker):
+    c = Cluster.from_hosts(ps=ps, worker=worker, job="worker", task=1)
+    assert c.as_dict() == JOBS
+    assert c.task == Task("worker", 1)
+
+
+def test_a_chief_host_list_makes_the_chief_the_chief():
+    c = Cluster.from_hosts(chief="h:1", worker="h:2", job="worker", task=0)
+    assert not c.is_chief
+    assert c.with_task("chief", 0).is_chief
+
+
+def test_a_grpc_scheme_on_an_address_is_dropped():
+    c = Cluster({"worker": ["grpc://localhost:2223"]})
+    assert c.as_dict() == {"worker": ["localhost:2223"]}
+
+
+def test_ipv6_addresses_are_accepted_in_brackets():
+    assert parse_address("[::1]:2222") == ("::1", 2222)
+    c = Cluster.local(ps=1, workers=1, host="::1", base_port=5000)
+    assert c.as_dict() == {"worker": ["[::1]:5000"], "ps": ["[::1]:5001"]}
+
+
+def test_a_cluster_cannot_be_changed_after_it_is_built():
+    c = Cluster(JOBS, ("ps", 0))
+    with pytest.raises(TypeError):
+        c.jobs["ps"] = ("h:9",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.task = Task("worker", 0)
+    assert c.with_task("worker", 1).task == Task("worker", 1) and c.task == Task("ps", 0)
+
+
+# ------------------------------------------------------------------ Slurm
+@pytest.mark.parametrize("text, hosts", [
+    ("node1", ["node1"]),
+    ("node[1-3,5]", ["node1", "node2", "node3", "node5"]),
+    ("n[01-03]", ["n01", "n02", "n03"]),
+    ("n[8-10]", ["n8", "n9", "n10"]),
+    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+    ("a[1-2],b,gpu[07,09]", ["a1", "a2", "b", "gpu07", "gpu09"]),
+])
+def test_slurm_compressed_host_lists_expand_in_order(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("text, nodes, counts", [
+    ("1", 1, [1]),
+    ("2(x3)", 3, [2, 2, 2]),
+    ("2(x2),1", 3, [2, 2, 1]),
+    ("1,3", 2, [1, 3]),
+])
+def test_slurm_tasks_per_node_expand_to_one_count_per_node(text, nodes, counts):
+    assert expand_tasks_per_node(text, nodes) == counts
+
+
+def test_slurm_tasks_get_port_base_plus_k_on_each_node_and_the_first_n_are_ps():
+    env = slurm_env("node[1-2],gpu01", "2(x2),1", procid=0)
+    c = Cluster.from_slurm(env, ps=1, port_base=9000)
+    assert c.as_dict() == {"worker": ["node1:9001", "node2:9000", "node2:9001", "gpu01:9000"],
+                           "ps": ["node1:9000"]}
+    assert c.task == Task("ps", 0)
+
+
+@pytest.mark.parametrize("procid, task", [(0, ("ps", 0)), (1, ("ps", 1)), (2, ("worker", 0)), (4, ("worker", 2))])
+def test_slurm_procid_picks_this_processs_task(procid, task):
+    c = Cluster.from_slurm(slurm_env("n[1-5]", "1(x5)", procid), ps=2)
+    assert c.task == Task(*task)
+
+
+def test_slurm_falls_back_to_the_job_node_list_and_tasks_per_node():
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "1"}
+    c = Cluster.from_slurm(env)
+    assert c.as_dict() == {"worker": ["n1:8888", "n2:8888"]} and c.task == Task("worker", 1)
+
+
+# ------------------------------------------------------------------ local counts
+def test_local_counts_get_distinct_free_ports_on_localhost():
+    c = Cluster.local(ps=1, workers=2)
+    addrs = [c.address(t) for t in c.tasks()]
+    ports = [parse_address(a)[1] for a in addrs]
+    assert [t.job for t in c.tasks()] == ["worker", "worker", "ps"]
+    assert all(a.startswith("localhost:") for a in addrs)
+    assert len(set(ports)) == 3
+    assert all(port_is_free(p) for p in ports)
+
+
+def test_local_counts_from_a_base_port_are_consecutive_chief_then_workers_then_ps():
+    c = Cluster.local(ps=1, workers=2, chief=True, host="10.0.0.5", base_port=7000)
+    assert c.as_dict() == {"chief": ["10.0.0.5:7000"], "worker": ["10.0.0.5:7001", "10.0.0.5:7002"],
+                           "ps": ["10.0.0.5:7003"]}
+
+
+# ------------------------------------------------------------------ renders
+def test_tf_config_round_trips_through_from_json():
+    c = Cluster(JOBS, ("worker", 1))
+    text = c.tf_config()
+    assert json.loads(text) == {"cluster": JOBS, "task": {"type": "worker", "index": 1}}
+    assert Cluster.from_json(text) == c
+    assert Cluster.from_json(c.tf_config(Task("ps", 0))).task == Task("ps", 0)
+    assert Cluster.from_json(c.to_json()) == Cluster(JOBS)
+
+
+@pytest.mark.parametrize("style, flags", [
+    ("all", ["--job_name=worker", "--task_index=1", "--ps_hosts=localhost:2222",
+             "--worker_hosts=localhost:2223,localhost:2224"]),
+    ("job-task", ["--job_name=worker", "--task_index=1"]),
+    ("none", []),
+])
+def test_legacy_flags_render_in_each_style(style, flags):
+    assert Cluster(JOBS, ("worker", 1)).legacy_flags(style=style) == flags
+
+
+@pytest.mark.parametrize("task, filters", [
+    (("worker", 1), ["/job:ps", "/job:worker/task:1"]),
+    (("ps", 0), ["/job:ps/task:0"]),
+])
+def test_device_filters_let_a_worker_see_the_ps_and_itself_and_a_ps_only_itself(task, filters):
+    assert Cluster(JOBS, task).device_filters() == filters
+
+
+def test_a_worker_without_ps_sees_only_itself_and_needs_nobody():
+    c = Cluster({"worker": ["h:1", "h:2"]}, ("worker", 0))
+    assert c.device_filters() == ["/job:worker/task:0"]
+    assert c.needed_tasks() == []
+
+
+def test_a_trainer_needs_the_ps_tasks_and_a_ps_needs_nobody():
+    assert Cluster(JOBS, ("worker", 0)).needed_tasks() == [Task("ps", 0)]
+    assert Cluster(JOBS, ("ps", 0)).needed_tasks() == []
+
+
+def test_session_config_and_cluster_spec_render_for_tensorflow():
+    import tensorflow as tf
+    c = Cluster(JOBS, ("worker", 0))
+    config = c.session_config()
+    assert isinstance(config, tf.compat.v1.ConfigProto)
+    assert config.allow_soft_placement is True
+    assert list(config.device_filters) == ["/job:ps", "/job:worker/task:0"]
+    assert c.session_config(log_device_placement=True).log_device_placement is True
+    spec = c.to_cluster_spec()
+    assert isinstance(spec, tf.train.ClusterSpec)
+    assert spec.as_dict() == JOBS
+    assert spec.task_address("worker", 1) == "localhost:2224"
+
+
+# ------------------------------------------------------------------ refusals
+def spec_error(build):
+    with pytest.raises(SpecError) as info:
+        build()
+    message = str(info.value)
+    assert "\n" not in message, "a refusal is one line"
+    assert isinstance(info.value, TfclusterError) and info.value.exit_code == 2
+    return message
+
+
+# (what is wrong, the cluster JSON, words the message must contain)
+JSON_REFUSALS = [
+    ("unknown job", {"worker": ["h:1"], "master": ["h:2"]}, ["'master'", "unknown job"]),
+    ("duplicate address", {"worker": ["h:1"], "ps": ["h:1"]}, ["duplicate", "h:1", "worker:0", "ps:0"]),
+    ("localhost and 127.0.0.1 clash", {"worker": ["localhost:5"], "ps": ["127.0.0.1:5"]},
+     ["duplicate", "127.0.0.1:5", "worker:0", "ps:0"]),
+    ("port 0", {"worker": ["h:0"]}, ["worker:0", "port 0", "1-65535"]),
+    ("port 65536", {"worker": ["h:1", "h:65536"]}, ["worker:1", "65536", "1-65535"]),
+    ("non-numeric port", {"worker": ["h:http"]}, ["worker:0", "'http'", "not a number"]),
+    ("missing port", {"ps": ["h"], "worker": ["g:1"]}, ["ps:0", "'h'", "host:port"]),
+    ("address not a string", {"worker": [2222]}, ["worker:0", "2222", "host:port"]),
+    ("empty job list", {"worker": ["h:1"], "ps": []}, ["'ps'", "no tasks"]),
+    ("empty job string", {"worker": ""}, ["'worker'", "empty"]),
+    ("no jobs", {}, ["no jobs"]),
+    ("no worker or chief", {"ps": ["h:1"]}, ["no 'worker' or 'chief'"]),
+    ("two chiefs", {"chief": ["h:1", "h:2"], "worker": ["h:3"]}, ["'chief'", "2 tasks", "exactly one"]),
+    ("evaluator in the cluster", {"worker": ["h:1"], "evaluator": ["h:2"]}, ["'evaluator'", "must not"]),
+    ("task index out of range", {"cluster": JOBS, "task": {"type": "worker", "index": 2}},
+     ["index 2", "'worker'", "2 task(s)", "0-1"]),
+    ("negative task index", {"cluster": JOBS, "task": {"type": "ps", "index": -1}}, ["index -1", "'ps'"]),
+    ("non-numeric task index", {"cluster": JOBS, "task": {"type": "ps", "index": "first"}},
+     ["'first'", "whole number"]),
+    ("unknown task type", {"cluster": JOBS, "task": {"type": "trainer", "index": 0}},
+     ["'trainer'", "task types are"]),
+    ("task job not in the cluster", {"cluster": {"worker": ["h:1"]}, "task": {"type": "ps", "index": 0}},
+     ["'ps'", "not in the cluster"]),
+    ("evaluator index other than 0", {"cluster": JOBS, "task": {"type": "evaluator", "index": 1}},
+     ["evaluator index 1"]),
+    ("task that is not an object", {"cluster": JOBS, "task": "worker"}, ["'task'"]),
+    ("unknown key beside cluster", {"cluster": JOBS, "tasks": {}}, ["tasks"]),
+    ("jobs that are not an object", {"cluster": ["h:1"]}, ["job -> addresses", "list"]),
+]
+
+
+@pytest.mark.parametrize("what, data, words", JSON_REFUSALS, ids=[r[0] for r in JSON_REFUSALS])
+def test_a_bad_cluster_json_is_refused_naming_the_culprit(what, data, words):
+    message = spec_error(lambda: Cluster.from_json(json.dumps(data), where="spec.json"))
+    assert message.startswith("spec.json: ")
+    for w in words:
+        assert w in message, f"{what}: {w!r} not in {message!r}"
+
+
+# (what is wrong, the text, words the message must contain)
+TEXT_REFUSALS = [
+    ("malformed JSON", '{"worker": ["h:1"],\n "ps" ["h:2"]}', ["malformed JSON", "line 2 column 7"]),
+    ("truncated JSON", '{"worker": ["h:1"', ["malformed JSON", "line 1 column 18"]),
+    ("empty text", "", ["malformed JSON", "line 1 column 1"]),
+    ("a list", '["h:1", "h:2"]', ["JSON object", "list"]),
+    ("a string", '"h:1"', ["JSON object", "str"]),
+]
+
+
+@pytest.mark.parametrize("what, text, words", TEXT_REFUSALS, ids=[r[0] for r in TEXT_REFUSALS])
+def test_text_that_is_not_a_json_object_is_refused_with_where_it_went_wrong(what, text, words):
+    message = spec_error(lambda: Cluster.from_json(text, where="spec.json"))
+    assert message.startswith("spec.json: ")
+    for w in words:
+        assert w in message, f"{what}: {w!r} not in {message!r}"
+
+
+def test_a_missing_cluster_file_is_refused_naming_the_file(tmp_path):
+    path = str(tmp_path / "nope.json")
+    message = spec_error(lambda: Cluster.from_file(path))
+    assert path in message and "No such file" in message
+
+
+def test_a_malformed_cluster_file_is_refused_naming_the_file_line_and_column(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{\n  "worker": ["h:1",]\n}')
+    message = spec_error(lambda: Cluster.from_file(str(path)))
+    assert message.startswith(f"{path}: malformed JSON at line 2 column")
+
+
+@pytest.mark.parametrize("env, words", [
+    ({}, ["TF_CONFIG is not set"]),
+    ({"TF_CONFIG": ""}, ["TF_CONFIG is not set"]),
+    ({"TF_CONFIG": "{not json"}, ["TF_CONFIG: malformed JSON", "line 1 column 2"]),
+    ({"TF_CONFIG": json.dumps({"cluster": JOBS, "task": {"type": "worker", "index": 5}})},
+     ["TF_CONFIG: ", "index 5", "'worker'"]),
+    ({"TF_CONFIG": json.dumps({"cluster": JOBS, "task": {"type": "chief", "index": 0}})},
+     ["TF_CONFIG: ", "'chief'", "not in the cluster"]),
+], ids=["unset", "empty", "malformed", "task index not in cluster", "task job not in cluster"])
+def test_a_bad_or_missing_tf_config_is_refused_naming_tf_config(env, words):
+    message = spec_error(lambda: Cluster.from_tf_config(env))
+    for w in words:
+        assert w in message
+
+
+# (what is wrong, keyword arguments of from_hosts, words the message must contain)
+HOST_REFUSALS = [
+    ("empty host list", dict(ps=",", worker="h:1"), ["--ps", "empty host list"]),
+    ("job without task", dict(worker="h:1", job="worker"), ["--job and --task"]),
+    ("task out of range", dict(worker="h:1", job="worker", task=1), ["index 1", "'worker'"]),
+    ("negative task", dict(worker="h:1", job="worker", task=-1), ["index -1"]),
+    ("unknown job", dict(worker="h:1", job="master", task=0), ["'master'"]),
+    ("no worker", dict(ps="h:1"), ["no 'worker' or 'chief'"]),
+    ("bad port", dict(worker="h:99999"), ["worker:0", "99999"]),
+    ("list of non-strings", dict(worker={"h": 1}), ["--worker", "dict"]),
+]
+
+
+@pytest.mark.parametrize("what, kwargs, words", HOST_REFUSALS, ids=[r[0] for r in HOST_REFUSALS])
+def test_bad_host_lists_are_refused_naming_the_culprit(what, kwargs, words):
+    message = spec_error(lambda: Cluster.from_hosts(**kwargs))
+    for w in words:
+        assert w in message, f"{what}: {w!r} not in {message!r}"
+
+
+# (what is wrong, environment, ps count, words the message must contain)
+SLURM_REFUSALS = [
+    ("no node list", {"SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_PROCID": "0"}, 0, ["SLURM_STEP_NODELIST"]),
+    ("no tasks per node", {"SLURM_STEP_NODELIST": "n1", "SLURM_PROCID": "0"}, 0, ["SLURM_STEP_TASKS_PER_NODE"]),
+    ("no procid", {"SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "1"}, 0, ["SLURM_PROCID"]),
+    ("procid not a number", slurm_env("n1", "1", "x"), 0, ["SLURM_PROCID='x'"]),
+    ("procid out of range", slurm_env("n[1-2]", "1(x2)", 2), 0, ["SLURM_PROCID=2", "2 task(s)"]),
+    ("bad range", slurm_env("n[1-x]", "1", 0), 0, ["'1-x'", "n[1-x]"]),
+    ("descending range", slurm_env("n[3-1]", "1", 0), 0, ["descending", "'3-1'"]),
+    ("unbalanced brackets", slurm_env("n[1-3", "1", 0), 0, ["unbalanced", "n[1-3"]),
+    ("bad tasks per node", slurm_env("n1", "two", 0), 0, ["'two'"]),
+    ("tasks per node miscount", slurm_env("n[1-3]", "2(x2)", 0), 0, ["'2(x2)'", "2 node(s)", "has 3"]),
+    ("every task a ps", slurm_env("n[1-2]", "1(x2)", 0), 2, ["2 ps task(s)", "no worker"]),
+    ("negative ps count", slurm_env("n[1-2]", "1(x2)", 0), -1, ["-1", "ps"]),
+]
+
+
+@pytest.mark.parametrize("what, env, ps, words", SLURM_REFUSALS, ids=[r[0] for r in SLURM_REFUSALS])
+def test_a_bad_slurm_environment_is_refused_naming_the_culprit(what, env, ps, words):
+    message = spec_error(lambda: Cluster.from_slurm(env, ps=ps))
+    assert message.startswith("Slurm: ")
+    for w in words:
+        assert w in message, f"{what}: {w!r} not in {message!r}"
+
+
+# (what is wrong, keyword arguments of local, words the message must contain)
+LOCAL_REFUSALS = [
+    ("no workers", dict(ps=1, workers=0), ["--workers 0"]),
+    ("negative ps", dict(ps=-1), ["--ps", "-1"]),
+    ("fractional workers", dict(workers=1.5), ["--workers", "1.5"]),
+    ("base port too high", dict(ps=1, workers=2, base_port=65534), ["--base-port 65534", "3 ports"]),
+    ("base port 0", dict(base_port=0), ["--base-port 0"]),
+    ("too few ports", dict(ps=1, workers=2, ports=[5000, 5001]), ["3 task(s)", "got 2"]),
+]
+
+
+@pytest.mark.parametrize("what, kwargs, words", LOCAL_REFUSALS, ids=[r[0] for r in LOCAL_REFUSALS])
+def test_bad_local_counts_are_refused_naming_the_culprit(what, kwargs, words):
+    message = spec_error(lambda: Cluster.local(**kwargs))
+    for w in words:
+        assert w in message, f"{what}: {w!r} not in {message!r}"
+
+
+def test_renders_that_need_a_task_refuse_a_cluster_without_one():
+    c = Cluster(JOBS)
+    for render in (c.tf_config, c.legacy_flags, c.device_filters, lambda: c.is_chief):
+        assert "no task given" in spec_error(render)
+
+
+def test_an_unknown_legacy_flag_style_is_refused():
+    assert "'long'" in spec_error(lambda: Cluster(JOBS, ("ps", 0)).legacy_flags(style="long"))
