@@ -1,0 +1,65 @@
+"""Free ports: picking them, holding them, and naming the process that holds one."""
+
+import os
+import socket
+
+import pytest
+
+from tfcluster.ports import PortReservation, pick_free_ports, port_holder, port_is_free
+
+
+def plain_bind(port):
+    """Bind the wildcard address as a server that does not share ports would."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("", port))
+    finally:
+        s.close()
+
+
+def test_picked_ports_are_distinct_and_free():
+    ports = pick_free_ports(5)
+    assert len(ports) == 5 and len(set(ports)) == 5
+    assert all(1024 <= p <= 65535 for p in ports)
+    for p in ports:
+        assert port_is_free(p)
+        plain_bind(p)
+
+
+def test_a_reservation_holds_its_ports_until_released():
+    with PortReservation(2) as r:
+        assert len(set(r.ports)) == 2
+        for p in r.ports:
+            assert not port_is_free(p)
+            with pytest.raises(OSError):
+                plain_bind(p)
+        held = list(r.ports)
+    for p in held:
+        assert port_is_free(p)
+        plain_bind(p)
+
+
+def test_a_reservation_lets_a_port_sharing_server_bind_its_ports():
+    # What TF_GRPC_REUSE_PORT=1 asks of gRPC: bind beside the launcher's placeholder.
+    with PortReservation(1) as r:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind(("", r.ports[0]))
+        finally:
+            s.close()
+
+
+def test_a_port_someone_listens_on_is_not_free_and_its_holder_is_named():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert not port_is_free(port)
+        holder = port_holder(port)
+        assert holder is not None and holder.startswith(f"pid {os.getpid()} (")
+    finally:
+        s.close()
+    assert port_is_free(port)
+    assert port_holder(port) is None
