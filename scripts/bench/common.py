@@ -1,0 +1,61 @@
+"""What every bench workload shares: the model, the in-memory data and the result line."""
+
+import json
+import time
+
+import numpy as np
+
+INPUT, HIDDEN, CLASSES = 784, 512, 10
+
+
+def synthetic(n=8192, seed=0):
+    """In-memory MNIST-shaped data, so input is never the bottleneck."""
+    rng = np.random.RandomState(seed)
+    x = rng.rand(n, INPUT).astype(np.float32)
+    y = rng.randint(0, CLASSES, n).astype(np.int32)
+    return x, y
+
+
+def mlp_logits(tf1, x):
+    """The shared workload: an MLP 784-512-10 (variables created with get_variable)."""
+    init = tf1.glorot_uniform_initializer(seed=1)
+    w1 = tf1.get_variable("w1", [INPUT, HIDDEN], initializer=init)
+    b1 = tf1.get_variable("b1", [HIDDEN], initializer=tf1.zeros_initializer())
+    w2 = tf1.get_variable("w2", [HIDDEN, CLASSES], initializer=init)
+    b2 = tf1.get_variable("b2", [CLASSES], initializer=tf1.zeros_initializer())
+    h = tf1.nn.relu(tf1.matmul(x, w1) + b1)
+    return tf1.matmul(h, w2) + b2
+
+
+class Meter:
+    """Counts examples in a steady window after a warm-up, and the first/last step times."""
+
+    def __init__(self, batch, warmup_steps=20):
+        self.batch, self.warmup = batch, warmup_steps
+        self.steps = 0
+        self.first_step_at = None
+        self.window_start = None
+        self.last_step_at = None
+
+    def step(self):
+        now = time.time()
+        if self.first_step_at is None:
+            self.first_step_at = now
+        self.steps += 1
+        if self.steps == self.warmup:
+            self.window_start = now
+            self.window_steps0 = self.steps
+        self.last_step_at = now
+
+    def result(self, **extra):
+        if self.window_start is None or self.last_step_at <= self.window_start:
+            eps = 0.0
+        else:
+            eps = (self.steps - self.window_steps0) * self.batch / (self.last_step_at - self.window_start)
+        return dict(examples_per_sec=eps, steps=self.steps, first_step_at=self.first_step_at,
+                    last_step_at=self.last_step_at, **extra)
+
+
+def report(result):
+    """Print the one line the bench driver parses."""
+    print("BENCH " + json.dumps(result), flush=True)
