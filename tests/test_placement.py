@@ -1,0 +1,123 @@
+"""Placement: the byte-balanced ps setter, the partitioner, and the placement report.
+
+These build graphs against a Cluster description; no process or server is needed.
+"""
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+tf1 = tf.compat.v1
+
+from tfcluster import Cluster  # noqa: E402
+from tfcluster.placement import (ByteBalancedSetter, PlacementReport, device_setter,  # noqa: E402
+                                 partition_big_variables, placement_report)
+
+PS0, PS1 = "/job:ps/task:0", "/job:ps/task:1"
+MB = 1 << 20
+
+
+def two_ps_cluster(task=("worker", 0)):
+    return Cluster({"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3", "localhost:4"]}, task)
+
+
+def build(setter, shapes, partitioner=None):
+    """Build float32 variables of the given shapes under ``setter``; return the graph."""
+    g = tf1.Graph()
+    with g.as_default(), tf1.device(setter), tf1.variable_scope("m", partitioner=partitioner):
+        for i, shape in enumerate(shapes):
+            tf1.get_variable(f"v{i}", shape=shape, dtype=tf.float32, initializer=tf1.zeros_initializer())
+    return g
+
+
+BIG_THEN_SMALL = [(1024, 1024), (512, 1024)] + [(64, 160)] * 100  # 4 MB, 2 MB, 100 x 40 KB
+
+
+def test_two_big_and_many_small_variables_end_within_ten_percent_of_even():
+    setter = device_setter(two_ps_cluster())
+    g = build(setter, BIG_THEN_SMALL)
+    report = placement_report(g)
+    totals = report.totals()
+    assert set(totals) == {PS0, PS1}
+    assert sum(totals.values()) == 6 * MB + 100 * 64 * 160 * 4
+    assert report.imbalance() < 0.10, report.format(per_variable=False)
+    # the two big ones are on different ps tasks
+    big = {r.name: r.device for r in report.records if r.nbytes >= 2 * MB}
+    assert len(set(big.values())) == 2
+
+
+def test_round_robin_placement_of_the_same_variables_is_far_from_even():
+    # The contrast that makes the test above mean something (pitfalls item 10).
+    rr = tf1.train.replica_device_setter(ps_tasks=2, worker_device="/job:worker/task:0")
+    report = placement_report(build(rr, BIG_THEN_SMALL))
+    assert report.imbalance() > 0.10
+
+
+def test_a_big_variable_created_last_is_split_across_ps_tasks_by_the_partitioner():
+    shapes = [(64, 160)] * 50 + [(1024, 1024)]  # greedy alone would leave 4 MB on one side
+    alone = placement_report(build(device_setter(two_ps_cluster()), shapes))
+    assert alone.imbalance() > 0.5
+    parted = placement_report(build(device_setter(two_ps_cluster()), shapes,
+                                    partitioner=partition_big_variables(2, min_bytes=1 * MB)))
+    assert parted.imbalance() < 0.10
+    parts = sorted(r.name for r in parted.records if r.nbytes == 2 * MB)
+    assert parts == ["m/v50/part_0", "m/v50/part_1"]
+    assert {r.device for r in parted.records if r.name in parts} == {PS0, PS1}
+
+
+def test_small_variables_are_not_partitioned():
+    p = partition_big_variables(4, min_bytes=1 * MB)
+    assert p(tf.TensorShape([100, 10]), tf.float32) == [1, 1]
+    assert p(tf.TensorShape([1024, 1024]), tf.float32) == [4, 1]
+    assert p(tf.TensorShape([2, 1 << 20]), tf.float32) == [2, 1]  # no more parts than rows
+
+
+def test_non_variable_ops_go_to_the_worker_device_and_explicit_pins_are_kept():
+    setter = device_setter(two_ps_cluster(("worker", 1)))
+    g = tf1.Graph()
+    with g.as_default(), tf1.device(setter):
+        a = tf1.get_variable("a", shape=[10], initializer=tf1.zeros_initializer())
+        with tf1.device(PS1):
+            pinned = tf1.get_variable("pinned", shape=[1000], initializer=tf1.zeros_initializer())
+        y = tf.reduce_sum(a) * 2.0
+        with tf1.device("/device:CPU:0"):
+            z = y + 1.0
+    assert a.device == PS0
+    assert pinned.device == PS1
+    assert y.device == "/job:worker/task:1"
+    assert z.device == "/job:worker/task:1/device:CPU:0"
+    # the pinned variable's bytes count toward its ps
+    assert setter.loads == {PS0: 40, PS1: 4000}
+
+
+def test_resource_and_ref_variables_are_both_balanced():
+    setter = ByteBalancedSetter([PS0, PS1])
+    g = tf1.Graph()
+    with g.as_default(), tf1.device(setter):
+        tf1.get_variable("r", shape=[1000], use_resource=True)
+        tf1.get_variable("v", shape=[1000], use_resource=False)
+    assert [d for _, d, _ in setter.assigned] == [PS0, PS1]
+    assert {d: b for d, b in setter.loads.items()} == {PS0: 4000, PS1: 4000}
+
+
+def test_a_cluster_without_ps_tasks_has_no_setter():
+    assert device_setter(Cluster({"worker": ["localhost:1"]}, ("worker", 0))) is None
+    assert device_setter(None) is None
+
+
+def test_the_report_prints_each_ps_with_its_total_and_variables(capsys):
+    g = build(device_setter(two_ps_cluster()), [(256, 256), (10,)])
+    report = placement_report(g)
+    report.print()
+    out = capsys.readouterr().out
+    assert "placement of 2 variable(s)" in out
+    assert PS0 in out and PS1 in out
+    assert "m/v0" in out and "256x256" in out and "256.0 KB" in out
+    assert repr(report) == "PlacementReport(2 variables on 2 devices)"
+
+
+def test_an_idle_ps_shows_in_the_report_and_counts_as_imbalance():
+    g = build(ByteBalancedSetter([PS0]), [(10,)])
+    report = placement_report(g, devices=[PS0, PS1])
+    assert report.totals() == {PS0: 40, PS1: 0}
+    assert report.imbalance() == pytest.approx(1.0)
+    assert isinstance(report, PlacementReport)

@@ -1,0 +1,239 @@
+"""Where variables live: a byte-balanced ps device setter, a partitioner, and a placement report.
+
+TensorFlow's ``replica_device_setter`` spreads variables round-robin, counting
+variables, not bytes, so one ps can end up with 94 MB and another with 0.7 MB
+(pitfalls item 10, tensorflow/tensorflow#24953). :class:`ByteBalancedSetter`
+puts each new variable on the ps that holds the fewest bytes so far. An online
+greedy is at most one variable away from even; :func:`partition_big_variables`
+splits the variables that would spoil that, so no single one dominates a ps.
+
+TensorFlow is imported lazily, so importing this module stays cheap.
+"""
+
+import sys
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+#: Op types that hold state and belong on a ps (as in TF's device_setter).
+PS_OPS = ("Variable", "VariableV2", "AutoReloadVariable", "VarHandleOp",
+          "MutableHashTable", "MutableHashTableV2", "MutableHashTableOfTensors",
+          "MutableHashTableOfTensorsV2", "MutableDenseHashTable", "MutableDenseHashTableV2",
+          "BoostedTreesEnsembleResourceHandleOp", "BoostedTreesQuantileStreamResourceHandleOp",
+          "ResourceConditionalAccumulator", "DecisionTreeResource")
+
+#: Graph collection of per-worker training state that lives on the ps but is
+#: not part of the model (sync gradient slots, stamps); never checkpointed.
+SYNC_STATE_COLLECTION = "tfcluster_sync_state"
+
+
+def _op_bytes(op) -> int:
+    """Bytes a variable op will hold, from its shape and dtype attrs (0 if unknown)."""
+    try:
+        shape = op.get_attr("shape")
+        dtype = op.get_attr("dtype")
+    except ValueError:
+        return 0
+    import tensorflow as tf
+    shape = tf.TensorShape(shape)
+    n = shape.num_elements()
+    if n is None:
+        return 0
+    return int(n) * tf.as_dtype(dtype).base_dtype.size
+
+
+def _task_device(device: str) -> str:
+    """``/job:ps/task:1/device:CPU:0`` -> ``/job:ps/task:1``; others unchanged."""
+    if not device:
+        return "(unplaced)"
+    import tensorflow as tf
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.job is None:
+        return spec.to_string() or "(unplaced)"
+    out = f"/job:{spec.job}"
+    if spec.task is not None:
+        out += f"/task:{spec.task}"
+    return out
+
+
+class ByteBalancedSetter:
+    """A device function: each new variable goes to the ps with the fewest bytes so far.
+
+    Use it like ``replica_device_setter``: ``with tf.device(setter): build()``.
+    Non-variable ops go to ``worker_device``. A device already given with a
+    job (``with tf.device("/job:ps/task:1")``) is respected; one without a job
+    (``"/CPU:0"``) is merged into the chosen task.
+    """
+
+    def __init__(self, ps_devices: Sequence[str], worker_device: Optional[str] = None, ps_ops=PS_OPS):
+        if not ps_devices:
+            raise ValueError("ByteBalancedSetter needs at least one ps device")
+        self.ps_devices = tuple(ps_devices)
+        self.worker_device = worker_device
+        self.ps_ops = frozenset(ps_ops)
+        self.loads = {d: 0 for d in self.ps_devices}
+        self.assigned = []  # (op name, ps device, bytes) in creation order
+
+    @classmethod
+    def for_cluster(cls, cluster, task=None, ps_ops=PS_OPS) -> "ByteBalancedSetter":
+        """The setter for a cluster's ps tasks, with this task (if any) as the worker device."""
+        ps = [t.device for t in cluster.tasks(("ps",))]
+        t = task or cluster.task
+        return cls(ps, t.device if t is not None else None, ps_ops)
+
+    def _choose(self, nbytes: int) -> str:
+        # min() keeps the first of equals, so ties go to the lowest ps index.
+        device = min(self.ps_devices, key=lambda d: self.loads[d])
+        self.loads[device] += nbytes
+        return device
+
+    def __call__(self, op) -> str:
+        import tensorflow as tf
+        current = tf.DeviceSpec.from_string(op.device or "")
+        if op.type in self.ps_ops:
+            if current.job is not None:
+                # An explicit pin: count its bytes where it goes, keep the pin.
+                pinned = _task_device(current.to_string())
+                if pinned in self.loads:
+                    self.loads[pinned] += _op_bytes(op)
+                return current.to_string()
+            nbytes = _op_bytes(op)
+            device = self._choose(nbytes)
+            self.assigned.append((op.name, device, nbytes))
+            return tf.DeviceSpec.from_string(device).make_merged_spec(current).to_string()
+        if self.worker_device is None:
+            return current.to_string()
+        return tf.DeviceSpec.from_string(self.worker_device).make_merged_spec(current).to_string()
+
+
+def device_setter(cluster, task=None):
+    """A byte-balanced device setter for ``cluster`` (None when it has no ps tasks)."""
+    if cluster is None or not cluster.num_tasks("ps"):
+        return None
+    return ByteBalancedSetter.for_cluster(cluster, task)
+
+
+def partition_big_variables(num_shards: int, min_bytes: int = 1 << 20, axis: int = 0):
+    """A variable partitioner: variables of ``min_bytes`` or more are split into ``num_shards`` along ``axis``.
+
+    Use it with ``tf.compat.v1.variable_scope(..., partitioner=...)``; each
+    part is a variable of its own, so the byte-balanced setter spreads them.
+    Smaller variables stay whole.
+    """
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+
+    def partitioner(shape, dtype):
+        import tensorflow as tf
+        shape = tf.TensorShape(shape)
+        parts = [1] * shape.rank
+        n = shape.num_elements()
+        if n is None or shape.rank == 0 or num_shards == 1:
+            return parts
+        if n * tf.as_dtype(dtype).base_dtype.size >= min_bytes:
+            parts[axis] = max(1, min(num_shards, int(shape[axis])))
+        return parts
+
+    return partitioner
+
+
+# ----------------------------------------------------------------- the report
+@dataclass(frozen=True)
+class VariablePlacement:
+    """One variable of a placement report: its name, task device, shape, dtype and bytes."""
+
+    name: str
+    device: str
+    shape: tuple
+    dtype: str
+    nbytes: int
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+class PlacementReport:
+    """Which variable lives on which device, with bytes: as data, and printable."""
+
+    def __init__(self, records, devices: Sequence[str] = ()):
+        self.records = tuple(records)
+        # Devices that should appear even when empty (an idle ps is news).
+        self.devices = tuple(dict.fromkeys(list(devices) + [r.device for r in self.records]))
+
+    def totals(self) -> dict:
+        """Bytes per device, ``{"/job:ps/task:0": 123, ...}``, listed devices first."""
+        out = {d: 0 for d in self.devices}
+        for r in self.records:
+            out[r.device] = out.get(r.device, 0) + r.nbytes
+        return out
+
+    def counts(self) -> dict:
+        """Number of variables per device."""
+        out = {d: 0 for d in self.devices}
+        for r in self.records:
+            out[r.device] = out.get(r.device, 0) + 1
+        return out
+
+    def on(self, device: str) -> list:
+        """The records of one device."""
+        return [r for r in self.records if r.device == device]
+
+    def imbalance(self, job: Optional[str] = "ps") -> float:
+        """How far the fullest device is above the mean, as a fraction (0.0 = even).
+
+        Only devices of ``job`` count (all devices when ``job`` is None).
+        """
+        totals = {d: b for d, b in self.totals().items() if job is None or d.startswith(f"/job:{job}/")}
+        if not totals:
+            return 0.0
+        mean = sum(totals.values()) / len(totals)
+        return 0.0 if mean == 0 else max(totals.values()) / mean - 1.0
+
+    def format(self, per_variable: bool = True) -> str:
+        """Readable text: per device, its total and (optionally) each variable."""
+        totals, counts = self.totals(), self.counts()
+        grand = sum(totals.values()) or 1
+        lines = [f"placement of {len(self.records)} variable(s), {_human(sum(totals.values()))}:"]
+        for d in totals:
+            lines.append(f"  {d:<26} {_human(totals[d]):>10}  {100.0 * totals[d] / grand:5.1f}%  "
+                         f"{counts[d]} variable(s)")
+            if per_variable:
+                for r in sorted(self.on(d), key=lambda r: -r.nbytes):
+                    shape = "x".join(str(s) for s in r.shape) or "scalar"
+                    lines.append(f"      {r.name:<40} {shape:>14} {r.dtype:<8} {_human(r.nbytes):>10}")
+        return "\n".join(lines)
+
+    def print(self, file=None, per_variable: bool = True):
+        """Print :meth:`format` to ``file`` (stdout by default)."""
+        print(self.format(per_variable), file=file or sys.stdout)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def __repr__(self) -> str:
+        return f"PlacementReport({len(self.records)} variables on {len(self.devices)} devices)"
+
+
+def placement_report(graph=None, variables=None, devices: Sequence[str] = ()) -> PlacementReport:
+    """Report where the variables of ``graph`` (default graph) were placed.
+
+    By default it covers the model's global variables plus tfcluster's own
+    per-worker sync state, which also occupies ps memory.
+    """
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    g = graph or tf1.get_default_graph()
+    if variables is None:
+        variables = list(g.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
+        variables += [v for v in g.get_collection(SYNC_STATE_COLLECTION) if v not in variables]
+    records = []
+    for v in variables:
+        shape = tuple(int(s) if s is not None else -1 for s in v.shape.as_list()) if v.shape.rank is not None else ()
+        n = v.shape.num_elements()
+        dtype = v.dtype.base_dtype
+        records.append(VariablePlacement(v.op.name, _task_device(v.device), shape, dtype.name,
+                                         int(n) * dtype.size if n is not None else 0))
+    return PlacementReport(records, devices)
