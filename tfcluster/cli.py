@@ -117,12 +117,24 @@ def cmd_start(args) -> int:
         return _run_task_command(cluster, command, args)
     if task.job == "evaluator":
         raise TfclusterError("the evaluator has no server to host; give it a command after --")
-    from .server import serve_until_done, start_server, quiet_tensorflow
+    from .errors import ClusterUnreachableError
+    from .server import serve_until_done, start_server, quiet_tensorflow, wait_for_cluster
     quiet_tensorflow(args.verbose)
     stop = threading.Event()
     _install_stop_handlers(stop)
     server = start_server(cluster)
     log.info("%s is up at %s; Ctrl-C to stop", task, cluster.address(task))
+    if cluster.needed_tasks():
+        # A trainer's server is useless without its ps: say so within the timeout, not never.
+        try:
+            wait_for_cluster(cluster, timeout=args.timeout, stop=stop)
+        except ClusterUnreachableError:
+            if not stop.is_set():
+                raise
+        if stop.is_set():
+            log.info("%s stopped (signal)", task)
+            return 0
+        log.info("%s reaches its ps task(s); hosting until Ctrl-C", task)
     done_aware = task.job == "ps" and not args.no_exit_when_done
     if done_aware:
         log.info("it exits once all %d trainer(s) are done", cluster.num_replicas)
@@ -199,7 +211,8 @@ def cmd_spec(args) -> int:
         print("# save the JSON above as cluster.json, then run:")
     script = " ".join(shlex.quote(c) for c in args.command) or "python train.py"
     print(f"# {len(cluster.tasks())} task(s); one terminal each:")
-    for t in cluster.tasks():
+    # The ps first: the workers wait for it, as in the two-terminal tutorial.
+    for t in cluster.tasks(("ps",)) + cluster.tasks(("chief", "worker")):
         tail = "" if t.job == "ps" else f" -- {script}"
         print(f"tfcluster start --cluster {spec_arg} --job {t.job} --task {t.index}{tail}")
     print(f"# check them: tfcluster status --cluster {spec_arg}")
@@ -239,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_args(s)
     s.add_argument("--legacy-flags", nargs="?", const="all", default="none", choices=("all", "job-task", "none"),
                    help="also pass --job_name/--task_index (and --ps_hosts/--worker_hosts with 'all') to COMMAND")
+    s.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="with no COMMAND: seconds a worker or chief waits for its ps tasks (default 120)")
     s.add_argument("--no-exit-when-done", action="store_true",
                    help="a ps keeps serving after every trainer is done, until Ctrl-C")
     s.add_argument("--verbose", action="store_true", help="show TensorFlow's C++ logs")

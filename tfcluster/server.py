@@ -7,9 +7,11 @@ end through a shared queue on each ps into which every trainer puts one token
 when it is done, the known cure for ps tasks that never exit (pitfalls item 2).
 """
 
+import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Optional
@@ -32,6 +34,41 @@ def quiet_tensorflow(verbose: bool = False):
         # gRPC logs a failed bind as an error of its own, before TF turns it
         # into an exception that tfcluster reports in one clear line.
         os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+
+def _native_logs_quiet() -> bool:
+    return os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") not in ("", "0", "1")
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced(active: bool = True):
+    # TensorFlow's C++ prints a few lines before its log level takes effect
+    # (absl's "All log messages before absl::InitializeLog()", the CUDA stub's
+    # "Could not find cuda drivers", cuInit at the first device listing), so
+    # TF_CPP_MIN_LOG_LEVEL alone cannot keep stderr to tfcluster's own lines.
+    if not active:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def import_tensorflow():
+    """Import TensorFlow; when its logs are quieted, also hide the lines it prints while loading."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    with _native_stderr_silenced(_native_logs_quiet()):
+        import tensorflow as tf
+    return tf
 
 
 def bypass_proxy_for(cluster: Cluster):
@@ -58,12 +95,13 @@ def start_server(cluster: Cluster, task: Optional[Task] = None, config=None):
     if os.environ.get("TF_GRPC_REUSE_PORT") != "1" and not port_is_free(port, host):
         raise _port_in_use(t, port)
     bypass_proxy_for(cluster)
-    import tensorflow as tf
+    tf = import_tensorflow()
     tf1 = tf.compat.v1
     config = config or cluster.session_config(t)
     try:
-        server = tf1.train.Server(cluster.to_cluster_spec(), job_name=t.job, task_index=t.index,
-                                  config=config, start=True)
+        with _native_stderr_silenced(_native_logs_quiet()):
+            server = tf1.train.Server(cluster.to_cluster_spec(), job_name=t.job, task_index=t.index,
+                                      config=config, start=True)
     except tf.errors.UnknownError as e:
         if "Could not start gRPC server" in str(e):
             raise _port_in_use(t, port) from None
@@ -220,11 +258,13 @@ def signal_done(cluster: Cluster, task: Optional[Task] = None, timeout: float = 
     It talks to each ps's own master, so it needs no server of its own and
     works from a finished script, a launcher, or another terminal.
     """
-    import tensorflow as tf
-    tf1 = tf.compat.v1
     t = task or cluster._require_task()
     ps_tasks = cluster.tasks(("ps",))
     states = probe(cluster, ps_tasks, timeout=min(2.0, timeout))
+    if "up" not in states.values():
+        return 0
+    tf = import_tensorflow()
+    tf1 = tf.compat.v1
     told = 0
     for ps in ps_tasks:
         if states[ps] != "up":

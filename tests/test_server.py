@@ -1,0 +1,221 @@
+"""Task servers in real processes on real ports: a graph across them, bounded waits, clean ends.
+
+Every process is started through the ``procs`` fixture or ``run_cli`` and is
+checked gone at the end with ``no_process_left``.
+"""
+
+import os
+import re
+import signal
+import socket
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from conftest import TFCLUSTER, base_env, no_process_left, run_cli, wait_until
+from tfcluster.cluster import Cluster, Task
+from tfcluster.ports import port_is_free
+from tfcluster.server import probe
+
+#: A line tfcluster itself writes: a timestamped log line or the one error line.
+OWN_LINE = re.compile(r"^(\d\d:\d\d:\d\d tfcluster: |tfcluster: error: )")
+
+
+def raw_env(**extra):
+    """A child's environment without the TF/gRPC quieting, so tfcluster must quiet them itself."""
+    env = base_env(**extra)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    env.pop("GRPC_VERBOSITY", None)
+    return env
+
+
+def family_pids(*popens):
+    """The PIDs of these processes and of all their descendants, right now."""
+    pids = []
+    for p in popens:
+        try:
+            root = psutil.Process(p.pid)
+            pids += [root.pid] + [c.pid for c in root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pids.append(p.pid)
+    return pids
+
+
+def write_cluster(tmp_path, cluster):
+    path = tmp_path / "cluster.json"
+    path.write_text(cluster.to_json())
+    return str(path)
+
+
+def wait_up(cluster, task, timeout=90):
+    wait_until(lambda: probe(cluster, [task], timeout=0.5)[task] == "up", timeout,
+               f"{task.device} to answer at {cluster.address(task)}")
+
+
+def assert_only_own_lines(output, who):
+    foreign = [line for line in output.splitlines() if line.strip() and not OWN_LINE.match(line)]
+    assert not foreign, f"{who} wrote lines that are not tfcluster's own: {foreign}"
+
+
+PS_AND_WORKER_SCRIPT = textwrap.dedent("""
+    import tensorflow as tf
+    from tfcluster import server_from_tf_config
+
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    cluster, server = server_from_tf_config(timeout=60)
+    with tf1.device("/job:ps/task:0"):
+        v = tf1.Variable(20.0, name="v")
+    with tf1.device("/job:worker/task:0"):
+        y = v * 2.0 + 2.0
+    with tf1.Session(server.target, config=cluster.session_config()) as sess:
+        sess.run(v.initializer)
+        meta = tf1.RunMetadata()
+        value = sess.run(y, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=meta)
+    print("value", value)
+    print("devices", sorted({d.device for d in meta.step_stats.dev_stats}))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_started_ps_and_a_worker_script_compute_across_processes_and_the_ps_then_exits(tmp_path, procs, ports):
+    p_ps, p_w = ports(2)
+    cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]})
+    spec = write_cluster(tmp_path, cluster)
+    script = tmp_path / "worker.py"
+    script.write_text(PS_AND_WORKER_SCRIPT)
+
+    ps = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0", env=raw_env())
+    worker = procs.cli("start", "--cluster", spec, "--job", "worker", "--task", "0", "--",
+                       sys.executable, str(script))
+    out, _ = worker.communicate(timeout=120)
+    pids = family_pids(ps)
+
+    assert worker.returncode == 0, out
+    assert "value 42.0" in out
+    devices = re.search(r"devices (\[.*\])", out).group(1)
+    assert "/job:ps/replica:0/task:0/device:CPU:0" in devices
+    assert "/job:worker/replica:0/task:0/device:CPU:0" in devices
+    # The worker's tfcluster start told the ps it is done, so the ps ends by itself.
+    ps_out, _ = ps.communicate(timeout=60)
+    assert ps.returncode == 0, ps_out
+    assert "every trainer is done" in ps_out
+    assert_only_own_lines(ps_out, "the ps")
+    assert port_is_free(p_ps) and port_is_free(p_w)
+    assert no_process_left(pids + [worker.pid])
+
+
+WAIT_SCRIPT = textwrap.dedent("""
+    import time
+    import tensorflow  # imported first, so the clock below times the server and the wait only
+    from tfcluster import ClusterUnreachableError, server_from_tf_config
+
+    start = time.monotonic()
+    try:
+        server_from_tf_config(timeout=3)
+        print("no error")
+    except ClusterUnreachableError as e:
+        print("elapsed", time.monotonic() - start)
+        print("error", e)
+        print("missing", [str(t) for t in e.missing])
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_without_its_ps_gives_up_within_its_timeout_naming_the_ps_and_its_address(tmp_path, procs, ports):
+    p_ps, p_w = ports(2)
+    cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]}, ("worker", 0))
+    script = tmp_path / "wait.py"
+    script.write_text(WAIT_SCRIPT)
+    worker = procs.start([sys.executable, str(script)], env=base_env(TF_CONFIG=cluster.tf_config()))
+    out, _ = worker.communicate(timeout=100)
+
+    assert worker.returncode == 0, out
+    assert f"error gave up after 3s waiting for /job:ps/task:0 at localhost:{p_ps}\n" in out
+    assert "missing ['ps:0']" in out
+    elapsed = float(re.search(r"elapsed ([\d.]+)", out).group(1))
+    # It waited its 3 s and then stopped: a generous bound, to prove it does not hang.
+    assert 3.0 <= elapsed < 30.0
+    assert no_process_left([worker.pid])
+
+
+@pytest.mark.timeout(120)
+def test_a_hosted_worker_without_its_ps_fails_in_one_line_naming_the_ps(ports):
+    p_ps, p_w = ports(2)
+    result = run_cli("start", "--ps", f"localhost:{p_ps}", "--worker", f"localhost:{p_w}",
+                     "--job", "worker", "--task", "0", "--timeout", "3", env=raw_env(), timeout=100)
+
+    assert result.returncode == 3, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == f"tfcluster: error: gave up after 3s waiting for /job:ps/task:0 at localhost:{p_ps}"
+    assert [line for line in lines if line.startswith("tfcluster: error:")] == lines[-1:]
+    assert "Traceback" not in result.stderr
+    assert_only_own_lines(result.stderr, "the worker")
+    assert port_is_free(p_w)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_sigterm_ends_a_hosted_ps_and_worker_with_exit_0_and_frees_their_ports(tmp_path, procs, ports):
+    p_ps, p_w = ports(2)
+    cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]})
+    spec = write_cluster(tmp_path, cluster)
+    ps = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0", env=raw_env())
+    worker = procs.cli("start", "--cluster", spec, "--job", "worker", "--task", "0", env=raw_env())
+    wait_up(cluster, Task("ps", 0))
+    wait_up(cluster, Task("worker", 0))
+    pids = family_pids(ps, worker)
+
+    # A worker with no command hosts its server until it is told to stop.
+    assert worker.poll() is None
+    worker.send_signal(signal.SIGTERM)
+    w_out, _ = worker.communicate(timeout=30)
+    assert worker.returncode == 0, w_out
+    wait_until(lambda: port_is_free(p_w), 10, f"port {p_w} of worker:0 to be free")
+    # The ps did not hear from a trainer, so it is still serving.
+    assert ps.poll() is None
+    ps.send_signal(signal.SIGTERM)
+    ps_out, _ = ps.communicate(timeout=30)
+    assert ps.returncode == 0, ps_out
+    wait_until(lambda: port_is_free(p_ps), 10, f"port {p_ps} of ps:0 to be free")
+
+    for out, who in ((w_out, "worker:0"), (ps_out, "ps:0")):
+        assert f"{who} stopped (signal)" in out
+        assert_only_own_lines(out, who)
+    assert no_process_left(pids)
+
+
+def test_a_port_in_use_is_refused_in_one_line_naming_the_task_port_and_holder(ports):
+    (p_w,) = ports(1)
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_cli("start", "--ps", f"localhost:{port}", "--worker", f"localhost:{p_w}",
+                         "--job", "ps", "--task", "0", env=raw_env())
+    finally:
+        holder.close()
+
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"tfcluster: error: port {port} of /job:ps/task:0 is already in use "
+        f"(held by pid {os.getpid()} ({' '.join(psutil.Process().cmdline()[:4])}))"]
+
+
+def test_a_probe_says_down_for_a_port_nothing_listens_on(ports):
+    p_w, p_ps = ports(2)
+    cluster = Cluster({"worker": [f"localhost:{p_w}"], "ps": [f"localhost:{p_ps}"]})
+    assert probe(cluster, timeout=0.5) == {Task("worker", 0): "down", Task("ps", 0): "down"}
+
+
+def test_status_says_unresolvable_for_a_host_that_does_not_resolve(ports):
+    (p_w,) = ports(1)
+    cluster = Cluster({"worker": [f"localhost:{p_w}", "no-such-host.invalid:2222"]})
+    states = probe(cluster, timeout=0.5)
+    assert states[Task("worker", 1)] == "unresolvable"
+    assert states[Task("worker", 0)] == "down"
