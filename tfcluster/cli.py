@@ -17,6 +17,7 @@ import threading
 from . import __version__
 from .cluster import Cluster, Task, TASK_TYPES, is_loopback, parse_address
 from .errors import TfclusterError
+from .launch import task_environment
 
 log = logging.getLogger("tfcluster")
 
@@ -143,25 +144,6 @@ def cmd_start(args) -> int:
     return 0
 
 
-def task_environment(cluster: Cluster, verbose: bool = False, base=None) -> dict:
-    """The environment a task's command runs in: TF_CONFIG, quiet logs, legacy Keras."""
-    env = dict(os.environ if base is None else base)
-    env["TF_CONFIG"] = cluster.tf_config()
-    if verbose:
-        env["TF_CPP_MIN_LOG_LEVEL"] = "0"
-    else:
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env.setdefault("GRPC_VERBOSITY", "NONE")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    try:
-        import importlib.util
-        if importlib.util.find_spec("tf_keras") is not None:
-            env.setdefault("TF_USE_LEGACY_KERAS", "1")
-    except (ImportError, ValueError):
-        pass
-    return env
-
-
 def _run_task_command(cluster: Cluster, command, args) -> int:
     task = cluster.task
     command = command + cluster.legacy_flags(style=args.legacy_flags)
@@ -190,6 +172,21 @@ def _run_task_command(cluster: Cluster, command, args) -> int:
     if code:
         log.error("%s exited with code %d", task, code)
     return code
+
+
+# -------------------------------------------------------------------- local
+def cmd_local(args) -> int:
+    """Run a whole cluster on this machine from one command, supervised (see tfcluster.launch)."""
+    from .launch import LineWriter, LocalLauncher, use_prefixed_logging
+    writer = LineWriter(sys.stdout)
+    launcher = LocalLauncher(args.command, ps=args.ps, workers=args.workers, chief=args.chief,
+                             evaluator=args.evaluator, legacy_flags=args.legacy_flags, log_dir=args.log_dir,
+                             timeout=args.timeout, max_restarts=args.max_restarts,
+                             evaluator_grace=args.evaluator_grace, verbose=args.verbose, host=args.host,
+                             writer=writer, subreaper=True)
+    # Only now, with the input valid: the launcher's lines join its tasks' lines on stdout.
+    use_prefixed_logging(writer, debug=args.verbose or bool(os.environ.get("TFCLUSTER_DEBUG")))
+    return launcher.run()
 
 
 # --------------------------------------------------------------------- spec
@@ -271,6 +268,56 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--base-port", type=int, metavar="P", help="consecutive ports from P (default: free ports)")
     sp.add_argument("-o", "--output", metavar="FILE", help="write the spec here (default: print it)")
     sp.set_defaults(func=cmd_spec)
+
+    lo = sub.add_parser(
+        "local", help="run a whole cluster on this machine from one command, supervised",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="tfcluster local [--ps N] [--workers M] [--chief] [--evaluator] [--legacy-flags[=STYLE]]\n"
+              "                       [--log-dir DIR] [--timeout S] [--max-restarts K] [--evaluator-grace S]\n"
+              "                       [--host H] [--verbose] -- COMMAND [ARGS ...]",
+        description="Start one process per task on this machine, show every line of every task prefixed\n"
+                    "with its name ([worker:1] ...), keep one log file per task, and stop the cluster once\n"
+                    "the trainers (workers and chief) have exited.\n\n"
+                    "Who runs what:\n"
+                    "  worker, chief, evaluator  COMMAND, with TF_CONFIG set for the task (the evaluator is\n"
+                    "                            not in the cluster; its TF_CONFIG task is evaluator:0)\n"
+                    "  ps                        hosted by tfcluster itself ('tfcluster start' as that ps);\n"
+                    "                            with --legacy-flags the ps runs COMMAND too, as TF1 scripts\n"
+                    "                            expect (one script, role by --job_name), and the launcher\n"
+                    "                            ends it, server.join() and all, when the trainers are done\n"
+                    "Every task's port is held by the launcher until its server answers, so nothing\n"
+                    "takes it in between (children get TF_GRPC_REUSE_PORT=1).",
+        epilog="exit codes:\n"
+               "  0        every trainer succeeded\n"
+               "  N        the first trainer that failed for good exited with N (128+S: killed by\n"
+               "           signal S); one line names it and its log file. A ps that dies and cannot\n"
+               "           be restarted ends the run the same way.\n"
+               "  2        bad usage; nothing was started\n"
+               "  124      --timeout expired; everything was stopped\n"
+               "  130/143  the launcher got Ctrl-C/SIGTERM; everything was stopped\n\n"
+               "example:\n"
+               "  tfcluster local --ps 1 --workers 2 -- python train.py --steps 100")
+    lo.add_argument("--ps", type=int, default=1, metavar="N", help="parameter servers (default 1)")
+    lo.add_argument("--workers", type=int, default=2, metavar="M", help="workers (default 2)")
+    lo.add_argument("--chief", action="store_true", help="add a chief task (it runs COMMAND)")
+    lo.add_argument("--evaluator", action="store_true",
+                    help="add an evaluator (runs COMMAND outside the cluster; stopped after --evaluator-grace)")
+    lo.add_argument("--legacy-flags", nargs="?", const="all", default="none", choices=("all", "job-task", "none"),
+                    metavar="STYLE",
+                    help="pass --job_name/--task_index (and --ps_hosts/--worker_hosts with 'all', the "
+                         "default STYLE) to COMMAND, and run COMMAND as the ps too; 'none' to turn off")
+    lo.add_argument("--log-dir", metavar="DIR",
+                    help="one log file per task here (default: a new ./tfcluster-logs/<time> directory)")
+    lo.add_argument("--timeout", type=float, metavar="S", help="stop everything after S seconds (exit 124)")
+    lo.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                    help="restart a trainer or ps that crashes (non-zero exit or signal) up to K times, "
+                         "with the same TF_CONFIG and port (default 0)")
+    lo.add_argument("--evaluator-grace", type=float, default=60.0, metavar="S",
+                    help="seconds the evaluator may run on after the trainers are done (default 60)")
+    lo.add_argument("--host", default="localhost", metavar="H", help="address of every task (default localhost)")
+    lo.add_argument("--verbose", action="store_true",
+                    help="show TensorFlow's C++ logs and the launcher's debug lines")
+    lo.set_defaults(func=cmd_local)
 
     st = sub.add_parser("status", help="show which tasks of a cluster are up",
                         description="Probe every task over gRPC and print job, index, address and up/down. "
