@@ -1,0 +1,370 @@
+"""`tfcluster local`: a whole cluster from one command, supervised, with clean shutdown.
+
+Every test starts the real launcher in a real process; its tasks are real
+processes (real TensorFlow servers where a test trains). A watcher thread
+records every process of the launcher's tree while it runs, so each test can
+check that none is left afterwards.
+"""
+
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from conftest import Procs, base_env, no_process_left, run_cli
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+PY = sys.executable
+
+
+def script(name, *args):
+    """The command that runs tests/scripts/NAME with ARGS."""
+    return [PY, os.path.join(SCRIPTS, name), *args]
+
+
+class Run:
+    """A running ``tfcluster local``: its output line by line, and every process of its tree."""
+
+    def __init__(self, procs, args, cwd, **env):
+        self.proc = procs.cli("local", *[str(a) for a in args], cwd=str(cwd), env=base_env(**env))
+        self.lines = []
+        self.handles = {}       # pid -> psutil.Process, for every process ever seen in the tree
+        self.last_seen = {}     # pid -> time.monotonic() when last seen alive
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._watch, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+
+    def _watch(self):
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.proc.pid)
+                for p in [root] + root.children(recursive=True):
+                    self.handles.setdefault(p.pid, p)
+            except psutil.Error:
+                pass
+            now = time.monotonic()
+            for pid, p in list(self.handles.items()):
+                try:
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                        self.last_seen[pid] = now
+                except psutil.Error:
+                    pass
+            time.sleep(0.02)
+
+    def wait_for(self, pattern, timeout):
+        """The first output line matching ``pattern``; fail naming it after ``timeout`` s."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    if rx.search(line):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None and not self._threads[0].is_alive():
+                    raise AssertionError(f"no line matching {pattern!r} within {timeout}s; output:\n"
+                                         + "\n".join(self.lines[-40:]))
+                self._cond.wait(min(left, 0.2))
+
+    def finish(self, timeout):
+        """Wait for the launcher to exit; return its code once every process of its tree is gone."""
+        code = self.proc.wait(timeout=timeout)
+        self._threads[0].join(10)
+        no_process_left(list(self.handles), timeout=10)
+        time.sleep(0.1)   # one more watcher pass, so last_seen is final
+        self._stop.set()
+        self._threads[1].join(5)
+        return code
+
+    @property
+    def output(self):
+        return "\n".join(self.lines)
+
+    def pids(self, task):
+        """The pids a task printed (``[worker:1] pid 123``), one per start."""
+        return [int(m.group(1)) for m in
+                (re.match(rf"\[{re.escape(task)}\] pid (\d+)$", line) for line in self.lines) if m]
+
+    def started(self, task):
+        """The pids the launcher announced for a task (``[tfcluster] ps:0 started (pid 123)``)."""
+        return [int(m.group(1)) for m in
+                (re.match(rf"\[tfcluster\] {re.escape(task)} (?:re)?started \(pid (\d+)\)", line)
+                 for line in self.lines) if m]
+
+    def alive(self):
+        """Processes of this run's tree that are still running."""
+        out = []
+        for p in self.handles.values():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+
+# ------------------------------------------------------ a whole training run
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One 1 ps + 2 worker run of counter.py, finished; shared by the tests that read it."""
+    procs = Procs()
+    cwd = tmp_path_factory.mktemp("local")
+    run = Run(procs, ["--ps", 1, "--workers", 2, "--timeout", 150, "--"] + script("counter.py"),
+              cwd, TFCLUSTER_DEBUG=1)
+    try:
+        run.code = run.finish(timeout=170)
+        run.cwd = cwd
+        yield run
+    finally:
+        procs.cleanup()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_1ps_2worker_cluster_trains_to_the_end_and_the_launcher_exits_0(trained):
+    assert trained.code == 0, trained.output
+    # Each worker saw all six increments on the one variable on ps:0.
+    assert "[worker:0] total 6" in trained.lines
+    assert "[worker:1] total 6" in trained.lines
+
+
+@pytest.mark.slow
+def test_no_process_of_the_run_is_left_afterwards(trained):
+    workers = trained.pids("worker:0") + trained.pids("worker:1")
+    assert workers == trained.started("worker:0") + trained.started("worker:1")
+    ps = trained.started("ps:0")
+    everyone = [trained.proc.pid] + ps + workers
+    assert len(everyone) == 4 and set(everyone) <= set(trained.handles)
+    assert no_process_left(everyone + list(trained.handles))
+    assert trained.alive() == []
+
+
+@pytest.mark.slow
+def test_the_ps_is_hosted_by_tfcluster_start_and_the_workers_run_the_command(trained):
+    assert re.search(r"\[tfcluster\] ps:0 started \(pid \d+\): \S+ -m tfcluster start --cluster \S+cluster.json "
+                     r"--job ps --task 0$", trained.output, re.M), trained.output
+    assert re.search(r"\[tfcluster\] worker:1 started \(pid \d+\): \S+ \S+counter.py$", trained.output, re.M)
+
+
+@pytest.mark.slow
+def test_every_task_line_is_shown_prefixed_with_its_task_and_the_launcher_lines_with_tfcluster(trained):
+    for task in ("ps:0", "worker:0", "worker:1"):
+        assert any(line.startswith(f"[{task}] ") for line in trained.lines), task
+    assert any(re.match(r"\[ps:0\] .*ps:0 serving on localhost:\d+", line) for line in trained.lines)
+    assert "[worker:0] step 3 counter=" in trained.output
+    assert re.search(r"^\[tfcluster\] logs: tfcluster-logs/\S+ \(one file per task\)$", trained.output, re.M)
+    assert trained.lines[-1] == "[tfcluster] done: 2 trainer(s) succeeded"
+    unprefixed = [line for line in trained.lines if not re.match(r"\[(tfcluster|ps:0|worker:[01])\] ", line)]
+    assert unprefixed == []
+
+
+@pytest.mark.slow
+def test_each_task_has_a_log_file_in_the_announced_dir_with_its_own_lines_unprefixed(trained):
+    log_dir = trained.cwd / re.search(r"\[tfcluster\] logs: (\S+)", trained.output).group(1)
+    assert sorted(os.listdir(log_dir)) == ["cluster.json", "ps-0.log", "worker-0.log", "worker-1.log"]
+    for task in ("worker:0", "worker:1"):
+        text = (log_dir / f"{task.replace(':', '-')}.log").read_text()
+        mine = [line[len(task) + 3:] for line in trained.lines if line.startswith(f"[{task}] ")]
+        assert text.splitlines() == mine
+        assert text.startswith(f"pid {trained.pids(task)[0]}\n") and "total 6\n" in text
+    assert "ps:0 serving on" in (log_dir / "ps-0.log").read_text()
+    spec = json.loads((log_dir / "cluster.json").read_text())
+    assert sorted(spec) == ["ps", "worker"] and len(spec["worker"]) == 2
+
+
+@pytest.mark.slow
+def test_every_process_is_gone_within_2s_of_the_last_worker_exit(trained):
+    workers = trained.pids("worker:0") + trained.pids("worker:1")
+    last_worker = max(trained.last_seen[p] for p in workers)
+    last_task = max(t for pid, t in trained.last_seen.items() if pid != trained.proc.pid)
+    last_any = max(trained.last_seen.values())
+    reported = float(re.search(r"every task process was gone ([\d.]+)s after the last trainer exited",
+                               trained.output).group(1))
+    print(f"\nlast worker exit -> last task process gone: {last_task - last_worker:.2f}s "
+          f"(launcher's own measure {reported:.2f}s); -> launcher gone: {last_any - last_worker:.2f}s")
+    # The launcher's promise, measured from outside with a 20 ms watcher (plus slack for this loaded machine).
+    assert last_task - last_worker < 2.5
+    assert reported < 2.0
+
+
+# ------------------------------------------------------------------ failures
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_worker_that_exits_3_makes_the_launcher_exit_3_and_name_it_and_its_log(procs, tmp_path):
+    run = Run(procs, ["--ps", 1, "--workers", 2, "--log-dir", tmp_path / "logs", "--"]
+              + script("counter.py", "--fail-task", "worker:1", "--exit-code", "3"), tmp_path)
+    assert run.finish(timeout=90) == 3, run.output
+    line = run.wait_for(r"\[tfcluster\] error: worker:1 ", 1)
+    assert "worker:1 exited with code 3" in line and str(tmp_path / "logs" / "worker-1.log") in line
+    assert "[worker:1] worker:1 fails on purpose with code 3" in run.lines
+    assert run.alive() == []
+
+
+def test_a_worker_killed_by_a_signal_makes_the_launcher_exit_128_plus_the_signal(procs, tmp_path):
+    run = Run(procs, ["--ps", 0, "--workers", 1, "--"] + script("sleeper.py", "--no-tree"), tmp_path)
+    run.wait_for(r"^\[worker:0\] ready$", 60)
+    os.kill(run.pids("worker:0")[0], signal.SIGKILL)
+    assert run.finish(timeout=30) == 128 + signal.SIGKILL
+    assert re.search(r"^\[tfcluster\] error: worker:0 was killed by SIGKILL; see its log: \S+worker-0.log$",
+                     run.output, re.M), run.output
+    assert run.alive() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_sigterm_to_the_launcher_stops_the_whole_tree_with_no_orphans_and_exit_143(procs, tmp_path):
+    run = Run(procs, ["--ps", 1, "--workers", 2, "--"] + script("sleeper.py"), tmp_path)
+    for task in ("worker:0", "worker:1"):
+        run.wait_for(rf"^\[{task}\] ready$", 60)
+    run.wait_for(r"^\[ps:0\] .*ps:0 is up", 90)
+    escaped = [int(x) for line in run.lines if "grandchildren" in line for x in line.split()[-2:]]
+    assert len(escaped) == 4 and all(psutil.pid_exists(p) for p in escaped)
+    tree = [p.pid for p in run.alive()]
+    assert len(tree) >= 8   # launcher, ps, 2 workers, 4 grandchildren
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish(timeout=15) == 143, run.output
+    assert "[tfcluster] warning: got SIGTERM; stopping the cluster" in run.lines
+    # Including the grandchildren that left the worker's process group (start_new_session).
+    assert no_process_left(tree + escaped, timeout=1)
+
+
+def test_ctrl_c_on_the_launcher_stops_everything_and_exits_130(procs, tmp_path):
+    run = Run(procs, ["--ps", 0, "--workers", 2, "--"] + script("sleeper.py"), tmp_path)
+    run.wait_for(r"^\[worker:0\] ready$", 60)
+    run.wait_for(r"^\[worker:1\] ready$", 60)
+    tree = [p.pid for p in run.alive()]
+    run.proc.send_signal(signal.SIGINT)
+    assert run.finish(timeout=15) == 130, run.output
+    assert no_process_left(tree, timeout=1)
+
+
+def test_timeout_stops_everything_and_exits_124_with_a_clear_line(procs, tmp_path):
+    run = Run(procs, ["--ps", 0, "--workers", 1, "--timeout", 3, "--"] + script("sleeper.py"), tmp_path)
+    assert run.finish(timeout=60) == 124, run.output
+    assert "[tfcluster] error: timed out after 3s (--timeout); stopping the cluster" in run.lines
+    assert run.alive() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_max_restarts_brings_back_a_worker_killed_with_sigkill_on_its_port_and_the_run_completes(procs, tmp_path):
+    run = Run(procs, ["--ps", 1, "--workers", 2, "--max-restarts", 1, "--timeout", 150, "--"]
+              + script("counter.py", "--die-first-run", "worker:1"), tmp_path)
+    run.wait_for(r"^\[worker:1\] ready to be killed$", 120)
+    victim = run.pids("worker:1")[0]
+    os.kill(victim, signal.SIGKILL)
+    assert run.finish(timeout=150) == 0, run.output
+    assert re.search(r"^\[tfcluster\] warning: worker:1 was killed by SIGKILL; restarting it \(restart 1 of 1",
+                     run.output, re.M), run.output
+    again = run.pids("worker:1")
+    assert len(again) == 2 and again[0] == victim != again[1]
+    # The restarted worker served on its old port and added its share to the ps's variable.
+    assert "[worker:0] total 6" in run.lines and "[worker:1] total 6" in run.lines
+    assert run.alive() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_classic_tf1_script_runs_to_the_end_under_legacy_flags_and_the_launcher_ends_its_joined_ps(
+        procs, tmp_path):
+    # legacy_tf1.py knows nothing of tfcluster: flags in, its own Server, replica_device_setter,
+    # MonitoredTrainingSession with StopAtStepHook, and server.join() on the ps. A non-chief
+    # may sit out TF's 30 s "model not ready" poll (pitfalls item 4): hence the long bounds.
+    run = Run(procs, ["--ps", 1, "--workers", 2, "--legacy-flags", "--timeout", 170, "--"]
+              + script("legacy_tf1.py", "--last_step", "50"), tmp_path)
+    assert run.finish(timeout=180) == 0, run.output
+    assert "[ps:0] ps serving; join()" in run.lines
+    for i in (0, 1):
+        assert re.search(rf"^\[worker:{i}\] worker {i} done: ran \d+ steps, global step (\d+)", run.output, re.M)
+    steps = [int(x) for x in re.findall(r"global step (\d+)", run.output)]
+    # global_step fetched with train_op is read before that step's increment: 49 means 50 steps ran.
+    assert len(steps) == 2 and max(steps) >= 49
+    assert "[tfcluster] all 2 trainer(s) finished; stopping ps:0" in run.lines
+    assert run.alive() == []
+
+
+# ------------------------------------------------------------ who runs what
+def _printed(run, task, key):
+    line = run.wait_for(rf"^\[{re.escape(task)}\] {key} ", 1)
+    return json.loads(line.split(" ", 2)[2])
+
+
+def test_legacy_flags_reach_every_task_and_the_launcher_ends_a_ps_that_never_exits(procs, tmp_path):
+    run = Run(procs, ["--ps", 1, "--workers", 2, "--legacy-flags", "--log-dir", tmp_path / "l", "--"]
+              + script("roles.py"), tmp_path)
+    assert run.finish(timeout=60) == 0, run.output
+    spec = json.loads((tmp_path / "l" / "cluster.json").read_text())
+    hosts = [f"--ps_hosts={','.join(spec['ps'])}", f"--worker_hosts={','.join(spec['worker'])}"]
+    assert _printed(run, "ps:0", "ARGV") == ["--job_name=ps", "--task_index=0"] + hosts
+    assert _printed(run, "worker:1", "ARGV") == ["--job_name=worker", "--task_index=1"] + hosts
+    assert _printed(run, "worker:1", "TF_CONFIG") == {"cluster": spec, "task": {"type": "worker", "index": 1}}
+    assert "[ps:0] blocking forever" in run.lines
+    assert "[tfcluster] all 2 trainer(s) finished; stopping ps:0" in run.lines
+    for task in ("ps:0", "worker:0"):
+        assert f"[{task}] REUSE 1 RESTART 0" in run.lines
+    assert run.alive() == []
+
+
+def test_the_evaluator_is_outside_the_cluster_and_is_stopped_after_its_grace(procs, tmp_path):
+    run = Run(procs, ["--ps", 0, "--workers", 1, "--chief", "--evaluator", "--evaluator-grace", 1,
+                      "--legacy-flags=job-task", "--"] + script("roles.py"), tmp_path)
+    assert run.finish(timeout=60) == 0, run.output
+    chief = _printed(run, "chief:0", "TF_CONFIG")
+    evaluator = _printed(run, "evaluator:0", "TF_CONFIG")
+    assert sorted(chief["cluster"]) == ["chief", "worker"] and chief["task"] == {"type": "chief", "index": 0}
+    assert evaluator == {"cluster": chief["cluster"], "task": {"type": "evaluator", "index": 0}}
+    assert _printed(run, "evaluator:0", "ARGV") == ["--job_name=evaluator", "--task_index=0"]
+    assert "[evaluator:0] blocking forever" in run.lines
+    assert "[tfcluster] the evaluator did not finish within 1s; stopping it" in run.lines
+    assert run.alive() == []
+
+
+def test_without_legacy_flags_the_command_gets_only_tf_config(procs, tmp_path):
+    run = Run(procs, ["--ps", 0, "--workers", 2, "--"] + script("roles.py", "--mine"), tmp_path)
+    assert run.finish(timeout=60) == 0, run.output
+    assert _printed(run, "worker:0", "ARGV") == ["--mine"]
+    assert _printed(run, "worker:1", "TF_CONFIG")["task"] == {"type": "worker", "index": 1}
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("args, message", [
+    (["--workers", "0", "--", PY, "-c", "pass"], "--workers 0 leaves nobody to train"),
+    (["--ps", "1"], "no command to run; give it after '--'"),
+    (["--", "no-such-program-xyz", "train.py"], "cannot run 'no-such-program-xyz': not found on PATH"),
+    (["--", "./missing/train.sh"], "cannot run './missing/train.sh': no such file"),
+    (["--chief", "--legacy-flags", "--", PY, "-c", "pass"], "--legacy-flags=all has no chief host list"),
+    (["--max-restarts", "-1", "--", PY, "-c", "pass"], "--max-restarts must be a whole number >= 0"),
+    (["--timeout", "0", "--", PY, "-c", "pass"], "--timeout must be a positive number"),
+    (["--workers", "two", "--", PY, "-c", "pass"], "argument --workers: invalid int value"),
+])
+def test_bad_input_is_one_line_exit_2_and_starts_nothing(tmp_path, args, message):
+    r = run_cli("local", *args, cwd=str(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfcluster: error: ") and message in lines[0], r.stderr
+    assert os.listdir(tmp_path) == []   # not even a log dir
+
+
+def test_help_says_who_runs_what_and_lists_the_exit_codes():
+    r = run_cli("local", "--help")
+    assert r.returncode == 0
+    for words in ("hosted by tfcluster itself", "with --legacy-flags the ps runs COMMAND too",
+                  "124", "130/143", "--max-restarts K", "--evaluator-grace S"):
+        assert words in r.stdout
+
