@@ -232,7 +232,7 @@ JSON_REFUSALS = [
     ("unknown job", {"worker": ["h:1"], "master": ["h:2"]}, ["'master'", "unknown job"]),
     ("duplicate address", {"worker": ["h:1"], "ps": ["h:1"]}, ["duplicate", "h:1", "worker:0", "ps:0"]),
     ("localhost and 127.0.0.1 clash", {"worker": ["localhost:5"], "ps": ["127.0.0.1:5"]},
-     ["duplicate", "127.0.0.1:5", "worker:0", "ps:0"]),
+     ["duplicate", "worker:0 at localhost:5", "ps:0 at 127.0.0.1:5", "same socket"]),
     ("port 0", {"worker": ["h:0"]}, ["worker:0", "port 0", "1-65535"]),
     ("port 65536", {"worker": ["h:1", "h:65536"]}, ["worker:1", "65536", "1-65535"]),
     ("non-numeric port", {"worker": ["h:http"]}, ["worker:0", "'http'", "not a number"]),

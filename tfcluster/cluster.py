@@ -131,8 +131,12 @@ class Cluster:
             for i, a in enumerate(clean.get(job, ())):
                 key = _identity(a)
                 if key in seen:
-                    raise SpecError(f"cluster: duplicate address {a} for {seen[key]} and {job}:{i}")
-                seen[key] = f"{job}:{i}"
+                    first, first_addr = seen[key]
+                    if first_addr == a:
+                        raise SpecError(f"cluster: duplicate address {a} for {first} and {job}:{i}")
+                    raise SpecError(f"cluster: duplicate address: {first} at {first_addr} and {job}:{i} at {a} "
+                                    "are the same socket")
+                seen[key] = (f"{job}:{i}", a)
         ordered = {job: clean[job] for job in CLUSTER_JOBS if job in clean}
         object.__setattr__(self, "jobs", MappingProxyType(ordered))
         if self.task is not None:
