@@ -8,6 +8,7 @@ own stderr clean.
 import argparse
 import json
 import shlex
+import signal
 import sys
 import textwrap
 
@@ -191,6 +192,23 @@ def test_start_names_a_command_that_cannot_run(ports):
                      "/no/such/program", env=raw_env())
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == "tfcluster: error: cannot run '/no/such/program': No such file or directory"
+
+
+SLEEPER = "import time; print('ready', flush=True); time.sleep(120)"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_start_reaches_its_command_and_leaves_no_process(procs, ports, sig, code):
+    (p0,) = ports(1)
+    start = procs.cli("start", "--worker", f"localhost:{p0}", "--job", "worker", "--task", "0", "--",
+                      sys.executable, "-c", SLEEPER, env=raw_env())
+    wait_until(lambda: start.stdout.readline().strip() == "ready", 30, "the command to print 'ready'")
+    pids = [p.pid for p in procs.descendants()]
+    assert len(pids) == 2
+    start.send_signal(sig)
+    out, _ = start.communicate(timeout=30)
+    assert start.returncode == code, out
+    assert no_process_left(pids)
 
 
 # ------------------------------------------------------------------ spec

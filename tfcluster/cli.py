@@ -103,7 +103,8 @@ def _install_stop_handlers(stop: threading.Event, on_stop=None):
         stop.signum = signum
         if on_stop:
             on_stop(signum)
-    for s in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP too: closing the terminal of a multi-terminal cluster ends its task cleanly.
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, handler)
 
 
@@ -149,18 +150,25 @@ def _run_task_command(cluster: Cluster, command, args) -> int:
     command = command + cluster.legacy_flags(style=args.legacy_flags)
     env = task_environment(cluster, args.verbose)
     log.info("%s runs: %s", task, " ".join(shlex.quote(c) for c in command))
+    started = []
+
+    def forward(signum):
+        for p in started:
+            try:
+                os.killpg(p.pid, signum)
+            except ProcessLookupError:
+                pass
+    # Handlers go in before the child starts: a signal in between would kill
+    # tfcluster and leave the command (in its own session) running, port and all.
+    stop = threading.Event()
+    _install_stop_handlers(stop, forward)
     try:
         proc = subprocess.Popen(command, env=env, start_new_session=True)
     except OSError as e:
         raise TfclusterError(f"cannot run {command[0]!r}: {e.strerror}") from None
-
-    def forward(signum):
-        try:
-            os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            pass
-    stop = threading.Event()
-    _install_stop_handlers(stop, forward)
+    started.append(proc)
+    if stop.is_set():
+        forward(stop.signum)
     code = proc.wait()
     if code < 0:
         code = 128 - code
