@@ -1,0 +1,233 @@
+"""TF1 mode: run a TF 1.x graph script unchanged on TensorFlow 2.21.
+
+``python -m tfcluster.tf1 script.py ARGS`` (or ``tfcluster start/local --tf1``)
+runs the script as ``__main__`` after :func:`install`, which makes
+
+- ``import tensorflow as tf`` give ``tf.compat.v1`` with v2 behaviour disabled,
+  while ``import tensorflow.python...`` and ``tensorflow.compat.v2`` keep working;
+- ``tf.contrib`` the commonly used names mapped to TF 2.21 (:mod:`.contrib`);
+  any other contrib name fails with one line naming its replacement;
+- ``tensorflow.examples.tutorials.mnist.input_data`` read local MNIST or
+  Fashion-MNIST IDX files (:mod:`.mnist`); it never downloads;
+- ``tf.layers`` work through tf-keras (TF_USE_LEGACY_KERAS=1) when installed;
+- sessions survive TF 2.21's false "request was received twice" aborts, and
+  say so when MonitoredTrainingSession throws progress away (:mod:`.robust`).
+
+docs/tf1.md lists exactly what the mode covers and what it does not.
+Importing this package does not import TensorFlow.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+import types
+
+from . import mnist as _mnist
+from .contrib import TF1RemovedError
+
+__all__ = ["install", "installed", "legacy_keras_available", "tf1_command", "TF1RemovedError",
+           "READY_POLL_ENV", "DEFAULT_READY_POLL_SECS"]
+
+log = logging.getLogger("tfcluster")
+
+#: Environment variable: seconds between "is the model ready?" polls in TF1 mode (TF's default is 30).
+READY_POLL_ENV = "TFCLUSTER_TF1_READY_POLL_SECS"
+DEFAULT_READY_POLL_SECS = 1.0
+
+_MNIST_NAMES = ("tensorflow.examples.tutorials.mnist.input_data",
+                "tensorflow.contrib.learn.datasets.mnist",
+                "tensorflow.contrib.learn.python.learn.datasets.mnist")
+
+_installed = None
+
+
+def legacy_keras_available() -> bool:
+    """True when the tf-keras package (graph-mode tf.layers on TF 2.21) is installed."""
+    try:
+        return importlib.util.find_spec("tf_keras") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def installed():
+    """The ``tensorflow`` stand-in if TF1 mode is installed in this process, else None."""
+    return _installed
+
+
+def _mnist_module(name: str) -> types.ModuleType:
+    m = types.ModuleType(name, _mnist.__doc__)
+    m.__dict__.update({k: getattr(_mnist, k) for k in _mnist.__all__})
+    return m
+
+
+class TF1Module(types.ModuleType):
+    """``tensorflow`` in TF1 mode: ``tf.compat.v1`` plus ``contrib`` and ``examples``."""
+
+    def __init__(self, real, v1, contrib, examples, estimator):
+        super().__init__("tensorflow", "TensorFlow as TF 1.x scripts knew it (tfcluster TF1 mode: tf.compat.v1).")
+        d = self.__dict__
+        d["__path__"] = list(real.__path__)  # so tensorflow.python... still imports from the real package
+        d["__file__"] = real.__file__
+        d["__spec__"] = real.__spec__
+        d["_tfcluster_real"] = real
+        d["_tfcluster_v1"] = v1
+        d["contrib"] = contrib
+        d["examples"] = examples
+        d["estimator"] = estimator  # gone since TF 2.16; using any of it names the replacement
+
+    def __getattr__(self, name):
+        v1, real = self.__dict__["_tfcluster_v1"], self.__dict__["_tfcluster_real"]
+        try:
+            value = getattr(v1, name)
+        except AttributeError:
+            value = getattr(real, name, None) if name.startswith("_") else None
+            if value is None:
+                value = sys.modules.get(f"tensorflow.{name}")
+            if value is None:
+                raise AttributeError(f"module 'tensorflow' (TF1 mode, tf.compat.v1) has no attribute {name!r}") \
+                    from None
+        self.__dict__[name] = value
+        return value
+
+    def __dir__(self):
+        return sorted(set(dir(self.__dict__["_tfcluster_v1"])) | {"contrib", "examples", "estimator"})
+
+    def __repr__(self):
+        return f"<module 'tensorflow' (TF1 mode: tf.compat.v1 of {self.__dict__['_tfcluster_real'].__version__})>"
+
+
+class _ObjectLoader(importlib.abc.Loader):
+    """Loads a module object that already exists."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def create_module(self, spec):
+        return self.module
+
+    def exec_module(self, module):
+        pass
+
+
+class _TF1Finder(importlib.abc.MetaPathFinder):
+    """Imports ``tensorflow.contrib...`` and ``tensorflow.examples...`` from TF1 mode's stand-ins."""
+
+    def __init__(self, roots, modules):
+        self.roots = roots
+        self.modules = modules
+
+    def find_spec(self, fullname, path=None, target=None):
+        module = self.modules.get(fullname)
+        parts = fullname.split(".")
+        if module is None and parts[0] == "tensorflow" and len(parts) > 1 and parts[1] in self.roots:
+            module = self.roots[parts[1]]
+            for part in parts[2:]:
+                module = getattr(module, part)  # an unmapped name raises TF1RemovedError here
+            if not isinstance(module, types.ModuleType):
+                return None
+        if module is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _ObjectLoader(module),
+                                              is_package=hasattr(module, "__path__"))
+
+
+def _examples_package():
+    names = ["tensorflow.examples", "tensorflow.examples.tutorials", "tensorflow.examples.tutorials.mnist"]
+    modules = {n: types.ModuleType(n) for n in names}
+    for m in modules.values():
+        m.__path__ = []
+    modules["tensorflow.examples"].tutorials = modules["tensorflow.examples.tutorials"]
+    modules["tensorflow.examples.tutorials"].mnist = modules["tensorflow.examples.tutorials.mnist"]
+    input_data = _mnist_module(_MNIST_NAMES[0])
+    modules["tensorflow.examples.tutorials.mnist"].input_data = input_data
+    modules[_MNIST_NAMES[0]] = input_data
+    return modules
+
+
+def prepare_environment():
+    """Set what must be set before TensorFlow is imported: legacy Keras, quiet C++ logs."""
+    if legacy_keras_available():
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def install(ready_poll_secs=None, retry_duplicates: bool = True):
+    """Make ``import tensorflow`` give the TF1-mode module in this process; returns it.
+
+    Call it before the script imports TensorFlow. It imports TensorFlow itself
+    (about 4 s of CPU), disables v2 behaviour, and is idempotent.
+    """
+    global _installed
+    if _installed is not None:
+        return _installed
+    if "tensorflow" not in sys.modules:
+        prepare_environment()
+    elif os.environ.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True") and legacy_keras_available():
+        log.warning("TensorFlow was imported before TF1 mode was installed, without TF_USE_LEGACY_KERAS=1: "
+                    "tf.layers may fail")
+    import tensorflow as real
+    from tensorflow.python.util import deprecation
+    from . import contrib as contrib_mod, robust
+
+    v1 = real.compat.v1
+    with deprecation.silence():
+        v1.disable_v2_behavior()
+    modules = _examples_package()
+    for name in _MNIST_NAMES[1:]:
+        modules[name] = _mnist_module(name)
+    contrib = contrib_mod.build(v1, modules[_MNIST_NAMES[1]])
+    contrib.learn.datasets.mnist = modules[_MNIST_NAMES[1]]
+    contrib.learn.python.learn.datasets.mnist = modules[_MNIST_NAMES[2]]
+    estimator = contrib_mod.gone("tf.estimator")
+    stand_in = TF1Module(real, v1, contrib, modules["tensorflow.examples"], estimator)
+    sys.meta_path.insert(0, _TF1Finder({"contrib": contrib, "estimator": estimator}, modules))
+    sys.modules["tensorflow"] = stand_in
+
+    if ready_poll_secs is None:
+        try:
+            ready_poll_secs = float(os.environ.get(READY_POLL_ENV, DEFAULT_READY_POLL_SECS))
+        except ValueError:
+            ready_poll_secs = DEFAULT_READY_POLL_SECS
+    if ready_poll_secs and ready_poll_secs != robust.TF_DEFAULT_RECOVERY_WAIT:
+        robust.fast_ready_polling(ready_poll_secs)
+    if retry_duplicates:
+        robust.retry_false_duplicates()
+    robust.warn_on_recovery()
+    _installed = stand_in
+    return stand_in
+
+
+# ------------------------------------------------------------------ commands
+_PY_OPTS_WITH_ARG = {"-W", "-X", "-Q"}
+
+
+def _is_python(word: str) -> bool:
+    base = os.path.basename(word)
+    if word == sys.executable:
+        return True
+    return base == "python" or (base.startswith("python") and base[6:].replace(".", "").isdigit())
+
+
+def tf1_command(command) -> list:
+    """Rewrite ``python [OPTS] script.py ARGS`` to ``python [OPTS] -m tfcluster.tf1 script.py ARGS``.
+
+    A command that is already in TF1 mode is returned as it is; anything that
+    is not a Python script or ``-m module`` raises TfclusterError.
+    """
+    from ..errors import TfclusterError
+    command = list(command)
+    if not command or not _is_python(command[0]):
+        got = command[0] if command else "nothing"
+        raise TfclusterError(f"--tf1 runs Python scripts: the command must be 'python script.py ...' (got {got!r})")
+    i = 1
+    while i < len(command) and command[i].startswith("-") and command[i] not in ("-", "-m", "-c"):
+        i += 2 if command[i] in _PY_OPTS_WITH_ARG else 1
+    if i >= len(command) or command[i] in ("-", "-c"):
+        raise TfclusterError("--tf1 needs a script or '-m module' after python, not "
+                             + (repr(command[i]) if i < len(command) else "nothing"))
+    if command[i] == "-m" and command[i + 1:i + 2] == ["tfcluster.tf1"]:
+        return command
+    return command[:i] + ["-m", "tfcluster.tf1"] + command[i:]

@@ -1,0 +1,100 @@
+"""``python -m tfcluster.tf1 script.py ARGS...``: run a TF 1.x script unchanged on TF 2.21.
+
+Also ``python -m tfcluster.tf1 -m package.module ARGS...``. The script runs as
+``__main__`` with ``sys.argv = [script.py, ARGS...]``, after TF1 mode is
+installed (see the package docstring and docs/tf1.md).
+
+Exit codes: the script's own; 2 for a TF 1.x name that TF 2.21 no longer has
+(one line naming the replacement), for missing MNIST files, for tf.layers
+without tf-keras, and for bad usage.
+"""
+
+import logging
+import os
+import runpy
+import sys
+
+USAGE = "usage: python -m tfcluster.tf1 SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
+EXIT_USAGE = 2
+_KERAS3_MARK = "is not available with Keras 3"
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"tfcluster: error: {message}\n")
+    sys.stderr.flush()
+    return EXIT_USAGE
+
+
+def _setup_logging():
+    log = logging.getLogger("tfcluster")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("tfcluster: %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def _one_line_cause(error):
+    """The error in the chain that deserves one clear line instead of a traceback, as text."""
+    from . import TF1RemovedError
+    from ..errors import TfclusterError
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (TF1RemovedError, TfclusterError)):
+            return str(error)
+        if isinstance(error, AttributeError) and _KERAS3_MARK in str(error):
+            symbol = str(error).split("`")[1] if str(error).count("`") >= 2 else "this layer"
+            return (f"tf.layers ({symbol}) needs the tf-keras package on TF 2.21 (Keras 3 has no graph-mode "
+                    f"layers): pip install tf-keras==2.21.0")
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def main(argv=None) -> int:
+    """Run a TF1 script or module in TF1 mode; returns its exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        return _fail(f"no script given; {USAGE}")
+    if argv[0] in ("-h", "--help"):
+        print(USAGE)
+        print(__doc__.split("\n\n", 1)[1].strip())
+        return 0
+    module = None
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            return _fail(f"-m needs a module name; {USAGE}")
+        module, args = argv[1], argv[2:]
+    else:
+        script, args = argv[0], argv[1:]
+        if not os.path.isfile(script):
+            return _fail(f"no such script: {script}")
+    _setup_logging()
+
+    from . import install
+    try:
+        install()
+    except ImportError as e:
+        return _fail(f"cannot import TensorFlow for TF1 mode: {e}")
+    try:
+        if module is not None:
+            sys.argv = [module] + args
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [script] + args
+            # As `python script.py` does: the script's directory comes first on sys.path.
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            runpy.run_path(script, run_name="__main__")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - only a few kinds become one line; the rest re-raise
+        line = _one_line_cause(e)
+        if line is None:
+            raise
+        return _fail(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""What legacy graph code needs to survive TF 2.21's distributed runtime.
+
+**False "received twice" aborts** (pitfalls item 15). TF 2.21 draws every
+RunGraph request id from a thread-local Mersenne Twister seeded with 32 bits
+from /dev/urandom (``GetUniqueRequestId`` -> ``tsl::random::ThreadLocalNew64``),
+and the master runs each step on a freshly spawned thread
+(``Env::SchedClosure``). So each step's RunGraph id is, in effect, one of only
+2**32 values, and a worker remembers the last 100,000 ids it received to reject
+retried requests. A new id therefore matches a remembered one with probability
+about 100,000 / 2**32 = 1 in 43,000 once the window is full: the worker
+answers ``AbortedError: The same RunGraph (Worker) request was received twice``
+although nothing was sent twice. Several threads calling ``sess.run`` (queue
+runners) only make steps, and so collisions, come faster.
+``scripts/repro_request_twice.py`` reproduces it and checks that rate.
+
+The step was rejected before it ran on that worker, so running it again is
+what TF itself would do for a transient failure. :func:`retry_false_duplicates`
+does exactly that, for this one error message only. Without it,
+MonitoredTrainingSession takes the error for a preemption, throws its session
+away and makes the chief restore the last checkpoint (or re-initialise every
+variable if there is none): the progress since then is silently lost.
+
+**Silent restarts.** :func:`warn_on_recovery` logs a warning whenever
+MonitoredTrainingSession recreates its session, saying what the chief is about
+to throw away, because TF only logs it at INFO level.
+
+**Slow readiness polls** (pitfalls item 4). :func:`fast_ready_polling` makes
+SessionManager poll "is the model ready?" every second instead of every 30 s
+when the script did not choose another interval.
+"""
+
+import inspect
+import logging
+import threading
+
+log = logging.getLogger("tfcluster")
+
+#: The text of TF's false-duplicate abort.
+DUPLICATE_MARK = "request was received twice"
+#: SessionManager's (and Supervisor's) default readiness poll, in seconds.
+TF_DEFAULT_RECOVERY_WAIT = 30
+
+_state = threading.local()
+_patched = set()
+_lock = threading.Lock()
+
+
+def is_false_duplicate(error) -> bool:
+    """True for TF's ``AbortedError: The same ... request was received twice``."""
+    import tensorflow as tf
+    return isinstance(error, tf.errors.AbortedError) and DUPLICATE_MARK in str(error)
+
+
+def _first_line(error) -> str:
+    text = getattr(error, "message", None) or str(error)
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def retry_false_duplicates(max_attempts: int = 3):
+    """Make every ``Session.run`` rerun a step that TF rejected as a false duplicate."""
+    with _lock:
+        if "retry" in _patched:
+            return
+        _patched.add("retry")
+    import tensorflow as tf
+    from tensorflow.python.client import session as session_lib
+
+    original = session_lib.BaseSession.run
+    preemptions = (tf.errors.AbortedError, tf.errors.UnavailableError)
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        attempt = 1
+        while True:
+            try:
+                return original(self, fetches, feed_dict, options, run_metadata)
+            except preemptions as e:
+                if not is_false_duplicate(e) or attempt >= max_attempts:
+                    _state.last_error = _first_line(e)
+                    raise
+                log.warning("TF rejected a step as a duplicate request although it was sent once "
+                            "(TF 2.21's 32-bit request ids; see docs/tf1.md); running it again "
+                            "(attempt %d of %d)", attempt + 1, max_attempts)
+                attempt += 1
+
+    run.__wrapped__ = original
+    run.__doc__ = original.__doc__
+    session_lib.BaseSession.run = run
+
+
+def warn_on_recovery():
+    """Log a warning each time MonitoredTrainingSession recreates its session."""
+    with _lock:
+        if "recovery" in _patched:
+            return
+        _patched.add("recovery")
+    from tensorflow.python.training import monitored_session as ms
+
+    original = ms._RecoverableSession._create_session
+
+    def _create_session(self):
+        created = getattr(self, "_tfcluster_sessions", 0)
+        self._tfcluster_sessions = created + 1
+        if created:
+            log.warning("MonitoredTrainingSession is recreating its session after %s. %s",
+                        getattr(_state, "last_error", "an Aborted/Unavailable error"),
+                        _what_is_lost(self._sess_creator))
+        return original(self)
+
+    _create_session.__wrapped__ = original
+    ms._RecoverableSession._create_session = _create_session
+
+
+def _what_is_lost(creator) -> str:
+    from tensorflow.python.training import monitored_session as ms
+    from tensorflow.python.checkpoint import checkpoint_management
+    inner = getattr(creator, "_session_creator", creator)
+    if not isinstance(inner, ms.ChiefSessionCreator):
+        return "This task is not the chief: it only waits for the model, and loses nothing."
+    ckpt_dir = getattr(inner, "_checkpoint_dir", None)
+    latest = checkpoint_management.latest_checkpoint(ckpt_dir) if ckpt_dir else None
+    if latest:
+        return (f"As chief it restores {latest} over the variables on the ps: every step since that "
+                "checkpoint is lost (save checkpoints more often to lose less).")
+    return ("As chief with no checkpoint it re-initialises every variable: all training progress so far "
+            "is lost (give a checkpoint_dir to keep it).")
+
+
+def fast_ready_polling(seconds: float = 1.0):
+    """Make SessionManager poll for model readiness every ``seconds`` instead of TF's 30."""
+    with _lock:
+        if "poll" in _patched:
+            return
+        _patched.add("poll")
+    from tensorflow.python.training import session_manager as sm
+
+    original = sm.SessionManager.__init__
+    signature = inspect.signature(original)
+
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        # 30 is TF's default (also passed on by Supervisor); anything else was chosen on purpose.
+        if bound.arguments.get("recovery_wait_secs") == TF_DEFAULT_RECOVERY_WAIT:
+            bound.arguments["recovery_wait_secs"] = seconds
+        original(*bound.args, **bound.kwargs)
+
+    __init__.__wrapped__ = original
+    sm.SessionManager.__init__ = __init__
