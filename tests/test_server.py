@@ -152,6 +152,8 @@ def test_a_hosted_worker_without_its_ps_fails_in_one_line_naming_the_ps(ports):
     lines = result.stderr.strip().splitlines()
     assert lines[-1] == f"tfcluster: error: gave up after 3s waiting for /job:ps/task:0 at localhost:{p_ps}"
     assert [line for line in lines if line.startswith("tfcluster: error:")] == lines[-1:]
+    # While it waited it said what for.
+    assert any(f"waiting for /job:ps/task:0 at localhost:{p_ps} (" in line for line in lines[:-1]), lines
     assert "Traceback" not in result.stderr
     assert_only_own_lines(result.stderr, "the worker")
     assert port_is_free(p_w)
