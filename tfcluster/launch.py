@@ -478,10 +478,11 @@ class LocalLauncher:
 
     def _on_exit(self, p: _Proc) -> Optional[int]:
         """React to a task that exited; return an exit code when the run must end."""
-        p.drain(1.0)
         code = p.returncode
-        # Leftovers of the task's own tree go now; a restart needs its port free.
+        # Leftovers of the task's own tree go first: a restart needs the port
+        # free, and a leftover that inherited the pipe would hold the drain up.
         self._stop_leftovers(p)
+        p.drain(1.0)
         if p.task.job == "evaluator":
             (log.info if code == 0 else log.warning)("%s %s (log: %s)", p.name, describe_exit(code), p.log_path)
             return None
@@ -493,8 +494,11 @@ class LocalLauncher:
             log.warning("%s %s; restarting it (restart %d of %d, same TF_CONFIG and port)",
                         p.name, describe_exit(code), p.restarts, self.max_restarts)
             with self._lock:
-                if p.placeholder is None:
+                if p.placeholder is None and p.port is not None:
                     p.placeholder = _hold_port(p.port, self.host)
+                    if p.placeholder is None:
+                        log.debug("could not hold port %d again for %s; it restarts without a placeholder",
+                                  p.port, p.name)
                 p.start(self.writer)
             log.info("%s restarted (pid %d)", p.name, p.popen.pid)
             return None
