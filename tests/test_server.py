@@ -14,7 +14,7 @@ import textwrap
 import psutil
 import pytest
 
-from conftest import TFCLUSTER, base_env, no_process_left, run_cli, wait_until
+from conftest import base_env, no_process_left, run_cli, wait_until
 from tfcluster.cluster import Cluster, Task
 from tfcluster.ports import port_is_free
 from tfcluster.server import probe
@@ -124,6 +124,7 @@ WAIT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_worker_without_its_ps_gives_up_within_its_timeout_naming_the_ps_and_its_address(tmp_path, procs, ports):
     p_ps, p_w = ports(2)
@@ -142,6 +143,7 @@ def test_a_worker_without_its_ps_gives_up_within_its_timeout_naming_the_ps_and_i
     assert no_process_left([worker.pid])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_hosted_worker_without_its_ps_fails_in_one_line_naming_the_ps(ports):
     p_ps, p_w = ports(2)
