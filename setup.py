@@ -19,7 +19,8 @@ setup(
         "test": ["pytest>=7", "pytest-timeout>=2.1", "scikit-learn>=1.3"],
         # The examples train on the UCI digits that ship inside scikit-learn's wheel.
         "examples": ["scikit-learn>=1.3"],
-        "legacy": ["tf-keras~=2.21.0"],
+        # No "legacy" extra for tf-keras: it requires the full `tensorflow` wheel,
+        # which would overwrite tensorflow-cpu. Install it with --no-deps (README).
         "bench": ["matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["tfcluster=tfcluster.cli:main"]},
