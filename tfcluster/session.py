@@ -1,0 +1,199 @@
+"""The training session: chief and non-chief roles, fast readiness, bounded recovery.
+
+The chief initialises the model (or restores the latest checkpoint) and the
+shared state strategies keep out of checkpoints; the other workers wait for it,
+polling every ``poll_secs`` (0.5 s) instead of SessionManager's 30 s
+(pitfalls item 4), so their first step follows the chief's within about a
+second. Worker-local state (input iterators, local step counters) is in the
+local init op, run by every session after the model is ready.
+
+A lost ps or worker surfaces as Aborted or Unavailable. The session is then
+closed and recreated the way MonitoredSession does it: the chief restores from
+the last checkpoint, the others wait for it again. Unlike MonitoredSession,
+every recovery is logged with its cause and their number is bounded. Steps run
+from one thread only: concurrent ``run`` calls on a gRPC target can abort with
+"The same RunGraph request was received twice" (pitfalls item 15).
+"""
+
+import logging
+import time
+from typing import Optional
+
+from .errors import ClusterUnreachableError, TfclusterError
+from .server import wait_for_cluster
+
+log = logging.getLogger("tfcluster")
+
+
+class RecoveryLimitError(TfclusterError):
+    """A session was lost more often than ``max_recoveries`` allows."""
+
+    exit_code = 3
+
+
+def _first_line(e: BaseException) -> str:
+    text = getattr(e, "message", None) or str(e)
+    return text.strip().splitlines()[0] if text.strip() else type(e).__name__
+
+
+def recoverable(e: BaseException) -> bool:
+    """True for the errors a lost task causes: Aborted, Unavailable, and variables gone with a ps."""
+    import tensorflow as tf
+    if isinstance(e, (tf.errors.AbortedError, tf.errors.UnavailableError)):
+        return True
+    # A ps that came back empty: its variables are uninitialised until the chief restores them.
+    return isinstance(e, tf.errors.FailedPreconditionError) and "uninitialized" in str(e).lower()
+
+
+def scaffold_ops(train_graph, is_chief: bool, extra_local_init=()):
+    """``(init_op, ready_op, ready_for_local_init_op, local_init_op)`` for a built TrainGraph."""
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    global_vars = tf1.global_variables()
+    init_op = tf1.variables_initializer(global_vars, name="tfcluster_init") if is_chief else None
+    ready_op = tf1.report_uninitialized_variables(global_vars + list(train_graph.state_variables))
+    ready_for_local = tf1.report_uninitialized_variables(global_vars)
+    local = [tf1.local_variables_initializer(), tf1.tables_initializer()] + list(extra_local_init)
+    local += list(train_graph.local_init_ops)
+    if is_chief:
+        local += list(train_graph.chief_local_init_ops)
+    return init_op, ready_op, ready_for_local, tf.group(*local, name="tfcluster_local_init")
+
+
+class TrainingSession:
+    """A session on this task that the loop steps through; it recreates itself after a lost task.
+
+    ``step()`` runs one training step through the strategy's runner. ``call(fn)``
+    runs ``fn(session)`` (a checkpoint save, a read) with the same recovery.
+    """
+
+    def __init__(self, train_graph, *, target: str = "", config=None, is_chief: bool = True, saver=None,
+                 checkpoint_dir: Optional[str] = None, extra_local_init=(), cluster=None, name: str = "local",
+                 poll_secs: float = 0.5, startup_timeout: float = 300.0, max_recoveries: int = 10,
+                 summary_op=None):
+        import tensorflow as tf
+        tf1 = tf.compat.v1
+        self.tf = tf
+        self.train_graph = train_graph
+        self.graph = tf1.get_default_graph()
+        self.target, self.config = target, config
+        self.is_chief, self.saver, self.checkpoint_dir = is_chief, saver, checkpoint_dir
+        self.cluster, self.name = cluster, name
+        self.poll_secs, self.startup_timeout, self.max_recoveries = poll_secs, startup_timeout, max_recoveries
+        self.summary_op = summary_op
+        self.init_op, self.ready_op, ready_local, self.local_init_op = scaffold_ops(
+            train_graph, is_chief, extra_local_init)
+        self.manager = tf1.train.SessionManager(
+            local_init_op=self.local_init_op, ready_op=self.ready_op, ready_for_local_init_op=ready_local,
+            graph=self.graph, recovery_wait_secs=poll_secs)
+        self.session = None
+        self.recoveries = 0
+        self.created_at = None      # wall-clock time the model was ready for this process
+        self.restored_from = None
+
+    # ------------------------------------------------------------ creation
+    def create(self):
+        """Create the session (initialise/restore as chief, wait as non-chief); returns the tf session."""
+        self._create(resumed=False)
+        return self.session
+
+    def _create(self, resumed: bool):
+        tf = self.tf
+        start = time.monotonic()
+        if self.cluster is not None:
+            wait_for_cluster(self.cluster, timeout=self.startup_timeout)
+        try:
+            if self.is_chief:
+                ckpt = tf.train.latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
+                self.session = self.manager.prepare_session(
+                    self.target, init_op=self.init_op, saver=self.saver if ckpt else None,
+                    checkpoint_dir=self.checkpoint_dir if ckpt else None, config=self.config)
+                self.restored_from = ckpt
+                what = f"restored the model from {ckpt}" if ckpt else "initialised the model"
+            else:
+                log.info("%s waits for the chief to initialise the model (checking every %gs)", self.name,
+                         self.poll_secs)
+                self.session = self.manager.wait_for_session(self.target, config=self.config,
+                                                             max_wait_secs=self.startup_timeout)
+                ckpt = None
+                what = "found the model ready"
+        except tf.errors.DeadlineExceededError:
+            chief = self.cluster.tasks(("chief", "worker"))[0] if self.cluster else "the chief"
+            raise ClusterUnreachableError(
+                f"{self.name} gave up after {self.startup_timeout:g}s waiting for the chief ({chief}) to "
+                "initialise the model; is it running?") from None
+        self.created_at = time.time()
+        log.info("%s %s at t=%.3f (%.1fs)", self.name, what, self.created_at, time.monotonic() - start)
+        self.train_graph.runner.attach(self.session, self.summary_op)
+        for hook in self.train_graph.hooks:
+            hook.after_create_session(self.session, bool(ckpt) or resumed)
+
+    def _recover(self, error: BaseException):
+        self.recoveries += 1
+        if self.recoveries > self.max_recoveries:
+            raise RecoveryLimitError(
+                f"{self.name} lost its session {self.recoveries} times (max_recoveries={self.max_recoveries}); "
+                f"last error: {type(error).__name__}: {_first_line(error)}") from error
+        log.warning("%s lost its session (%s: %s); recreating it, recovery %d of at most %d%s",
+                    self.name, type(error).__name__, _first_line(error), self.recoveries, self.max_recoveries,
+                    ", restoring the last checkpoint" if self.is_chief and self.checkpoint_dir else "")
+        self._close_quietly()
+        while True:
+            try:
+                self._create(resumed=True)
+                return
+            except Exception as e:  # a task still down: count it, and try again while allowed
+                if not recoverable(e):
+                    raise
+                self.recoveries += 1
+                if self.recoveries > self.max_recoveries:
+                    raise RecoveryLimitError(
+                        f"{self.name} could not recreate its session after {self.max_recoveries} tries; "
+                        f"last error: {type(e).__name__}: {_first_line(e)}") from e
+                log.warning("%s: recreating the session failed (%s); retrying", self.name, _first_line(e))
+                self._close_quietly()
+                time.sleep(self.poll_secs)
+
+    # ------------------------------------------------------------- running
+    def step(self, with_extra: bool = False):
+        """One training step (a :class:`~tfcluster.strategies.StepResult`), recovering from a lost task."""
+        while True:
+            try:
+                return self.train_graph.runner.step(with_extra)
+            except Exception as e:
+                if not recoverable(e):
+                    raise
+                self._recover(e)
+
+    def call(self, fn):
+        """``fn(session)`` with the same recovery as a step."""
+        while True:
+            try:
+                return fn(self.session)
+            except Exception as e:
+                if not recoverable(e):
+                    raise
+                self._recover(e)
+
+    def end(self):
+        """Run the strategy hooks' ``end``."""
+        for hook in self.train_graph.hooks:
+            hook.end(self.session)
+
+    def _close_quietly(self):
+        if self.session is not None:
+            try:
+                self.session.close()
+            except Exception:  # closing a session whose tasks are gone may fail; nothing to do about it
+                pass
+            self.session = None
+
+    def close(self):
+        """Close the underlying session."""
+        self._close_quietly()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,440 @@
+"""Between-graph replication over parameter servers: asynchronous and synchronous.
+
+Every worker builds the same graph; the variables live on the ps tasks, placed
+by bytes (:mod:`tfcluster.placement`). Each worker's loss is scaled to the
+global batch (per-worker batch x replicas in sync), so that gradients *add up*
+to the gradient of the global batch's mean loss.
+
+**async**: each worker applies its own gradients as soon as it has them. With
+the loss scaled to the global batch of N workers, one async update is 1/N of a
+full global-batch step, and one round of N updates (one per worker) moves the
+weights about as far as one sync step with the same learning rate. That is the
+choice here: the same learning rate means the same progress per example in
+both modes. ``steps`` counts updates (the global step), so an async run of
+``steps`` processes ``steps x batch`` examples in all, N times fewer than a
+sync run of the same ``steps``.
+
+**sync**: one update per global step, from the gradients of at least
+``replicas_to_aggregate`` (R) *distinct* workers. TensorFlow's
+SyncReplicasOptimizer counts gradients, so one fast worker can fill a step with
+its own repeated gradients while the others are still starting (pitfalls item
+5); here each worker has its own gradient slot on the ps, next to the variable,
+stamped with the step it belongs to. A repeated push overwrites that worker's
+slot; it can never count twice. The chief waits until R slots carry the current
+step, adds them (scaled by R/k when k > R arrived, so backups never change the
+update's size), applies once, and wakes the workers through one queue each.
+Workers beyond R are backups: a step does not wait for the slowest.
+
+Every wait is bounded: a wait that lasts ``stall_warn_secs`` logs which
+workers have not contributed, and after ``stall_timeout_secs`` it raises
+:class:`SyncStallError` naming them (a worker died and no backup covers it).
+Pushes are idempotent and waits re-check state on the ps, so a wait that timed
+out is simply resumed. The slots cost one extra copy of the model per worker on
+the ps, the price of exactness; they are not checkpointed.
+"""
+
+import contextlib
+import logging
+import math
+import time
+from typing import Optional
+
+from ..errors import SpecError, TfclusterError
+from ..placement import SYNC_STATE_COLLECTION, ByteBalancedSetter, partition_big_variables
+from .base import (Hook, StepResult, StepRunner, Strategy, TrainGraph, build_single_replica,
+                   global_step_after)
+
+log = logging.getLogger("tfcluster")
+
+MODES = ("async", "sync")
+
+
+class SyncStallError(TfclusterError):
+    """A sync step waited longer than its stall timeout; the message names who is missing."""
+
+    exit_code = 3
+
+
+class ParameterServerStrategy(Strategy):
+    """Data parallelism over ps tasks, ``mode="async"`` or ``mode="sync"``.
+
+    ``replicas_to_aggregate`` (sync only, default: every worker) is R; the
+    other workers are backups. ``partition_min_bytes`` splits variables at
+    least that big across the ps tasks. ``stall_warn_secs`` and
+    ``stall_timeout_secs`` bound sync waits (a training step must take less
+    than ``stall_warn_secs``).
+    """
+
+    def __init__(self, mode: str = "async", replicas_to_aggregate: Optional[int] = None,
+                 partition_min_bytes: Optional[int] = None, stall_warn_secs: float = 30.0,
+                 stall_timeout_secs: Optional[float] = 600.0):
+        super().__init__()
+        if mode not in MODES:
+            raise SpecError(f"parameter-server mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if replicas_to_aggregate is not None and mode != "sync":
+            raise SpecError("replicas_to_aggregate applies to mode='sync' only")
+        if stall_warn_secs <= 0:
+            raise SpecError(f"stall_warn_secs must be > 0, got {stall_warn_secs}")
+        self.mode = mode
+        self._replicas_to_aggregate = replicas_to_aggregate
+        self.partition_min_bytes = partition_min_bytes
+        self.stall_warn_secs = float(stall_warn_secs)
+        self.stall_timeout_secs = stall_timeout_secs
+        self.setter = None
+        self.name = f"ps-{mode}"
+
+    # ------------------------------------------------------------- binding
+    def bind(self, cluster) -> "ParameterServerStrategy":
+        """Check that ``cluster`` has ps tasks and that this task trains."""
+        if cluster is None or not cluster.num_tasks("ps"):
+            raise SpecError(f"the {self.name} strategy needs a cluster with ps tasks "
+                            "(TF_CONFIG, or tfcluster local --ps 1 --workers 2)")
+        if cluster.task is None or cluster.task.job not in ("chief", "worker"):
+            raise SpecError(f"the {self.name} strategy runs on chief and worker tasks, not on {cluster.task}")
+        n = cluster.num_replicas
+        r = self._replicas_to_aggregate
+        if r is not None and not 1 <= r <= n:
+            raise SpecError(f"replicas_to_aggregate={r} must be between 1 and the {n} training task(s)")
+        self.cluster = cluster
+        return self
+
+    @property
+    def replicas_to_aggregate(self) -> int:
+        """R: distinct workers whose gradients make one sync step (all workers in async)."""
+        return self._replicas_to_aggregate or self.num_workers
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """R in sync mode; every worker in async mode (see the module docstring)."""
+        return self.replicas_to_aggregate if self.mode == "sync" else self.num_workers
+
+    def placement_devices(self) -> list:
+        """Every ps task, so that an empty one shows in the report."""
+        return [t.device for t in self.cluster.tasks(("ps",))]
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Variables go to the ps tasks by bytes (big ones partitioned); other ops to this worker."""
+        import tensorflow as tf
+        tf1 = tf.compat.v1
+        self.setter = ByteBalancedSetter.for_cluster(self.cluster)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(tf1.device(self.setter))
+            if self.partition_min_bytes:
+                p = partition_big_variables(self.cluster.num_tasks("ps"), self.partition_min_bytes)
+                stack.enter_context(tf1.variable_scope(tf1.get_variable_scope(), partitioner=p,
+                                                       auxiliary_name_scope=False))
+            yield
+
+    def describe(self) -> str:
+        """e.g. ``ps-sync: 2 of 2 workers per step, 1 ps``."""
+        ps = self.cluster.num_tasks("ps") if self.cluster else 0
+        if self.mode == "sync":
+            return (f"{self.name}: {self.replicas_to_aggregate} of {self.num_workers} workers per step, "
+                    f"{ps} ps")
+        return f"{self.name}: {self.num_workers} workers, {ps} ps"
+
+    # ------------------------------------------------------------- building
+    def build(self, model_fn, next_batch, optimizer, per_replica_batch=None) -> TrainGraph:
+        """Build this worker's graph: the model on the ps, the update async or sync."""
+        with self.scope():
+            gs, opt, out, mean, grads, update_ops = build_single_replica(
+                self, model_fn, next_batch, optimizer, per_replica_batch)
+            if self.mode == "async":
+                train = opt.apply_gradients(grads, global_step=gs)
+                fetch = global_step_after([train] + update_ops, gs)
+                return TrainGraph(StepRunner(fetch, mean), gs, mean, model=out)
+        return _SyncBuilder(self, gs, opt, mean, grads, update_ops).build(out)
+
+
+# ====================================================================== sync
+class _SyncBuilder:
+    """Builds the per-worker slots, stamps and queues of a sync step, and its runner."""
+
+    def __init__(self, strategy, gs, opt, mean, grads, update_ops):
+        import tensorflow as tf
+        self.tf, self.tf1 = tf, tf.compat.v1
+        self.s = strategy
+        self.gs, self.opt, self.mean, self.grads, self.update_ops = gs, opt, mean, grads, update_ops
+        self.trainers = strategy.cluster.tasks(("chief", "worker"))
+        self.n = len(self.trainers)
+        self.me = strategy.worker_index
+        self.r = strategy.replicas_to_aggregate
+        self.is_chief = strategy.is_chief
+        # All coordination state lives with the global step, so every wait
+        # loop runs on one device and never crosses the network per iteration.
+        self.coord = gs.device
+        self.worker = strategy.task.device
+        self.state = []          # (variable, initial-value function)
+
+    def _state_var(self, name, initial, device=None, colocate=None):
+        tf, tf1 = self.tf, self.tf1
+        ctx = tf1.colocate_with(colocate) if colocate is not None else tf1.device(device)
+        with ctx:
+            v = tf1.Variable(initial(), trainable=False, use_resource=True, name=name,
+                             collections=[SYNC_STATE_COLLECTION])
+        self.state.append((v, initial))
+        return v
+
+    def _read_gs(self):
+        return self.tf.cast(self.gs.read_value(), self.tf.int64)
+
+    def build(self, out) -> TrainGraph:
+        """Create the sync state and the ops of this worker's role."""
+        tf, tf1 = self.tf, self.tf1
+        with tf1.name_scope("tfcluster_sync"):
+            with tf1.device(self.coord):
+                self.stamps = [self._state_var(f"stamp_{i}", lambda: tf.constant(-1, tf.int64),
+                                               device=self.coord) for i in range(self.n)]
+                self.arrivals = tf1.FIFOQueue(max(64, 8 * self.n), [tf.int32], shapes=[[]],
+                                              shared_name="tfcluster_sync_arrivals", name="arrivals")
+                self.wakeups = [tf1.FIFOQueue(2, [tf.int64], shapes=[[]], shared_name=f"tfcluster_sync_wakeup_{i}",
+                                              name=f"wakeup_{i}") for i in range(self.n)]
+            self.slots = []
+            for g, v in self.grads:
+                shape, dtype = v.shape, v.dtype.base_dtype
+                self.slots.append([self._state_var(f"{v.op.name}/grad_{i}",
+                                                   lambda shape=shape, dtype=dtype: tf.zeros(shape, dtype),
+                                                   colocate=v) for i in range(self.n)])
+            with tf1.device(self.worker):
+                self.local_step = tf1.Variable(self._read_gs(), trainable=False, use_resource=True,
+                                               name="local_step",
+                                               collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+                # The loss of a step whose wait timed out is still reported, from here.
+                self.last_loss = tf1.Variable(float("nan"), trainable=False, use_resource=True,
+                                              name="last_loss", collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+            if self.is_chief:
+                runner = self._build_chief()
+            else:
+                runner = self._build_worker()
+            report = self._report()
+            runner.set_report(report)
+            hooks = [_ChiefSyncHook(self._reset_and_wake())] if self.is_chief else []
+            chief_init = [self._init_if_needed(v, init) for v, init in self.state] if self.is_chief else []
+        return TrainGraph(runner, self.gs, self.mean, chief_local_init_ops=chief_init,
+                          state_variables=[v for v, _ in self.state], hooks=hooks, model=out)
+
+    # ---------------------------------------------------------------- pieces
+    def _push(self, deps=()):
+        """Write this worker's gradients into its slots, then stamp them with its step."""
+        tf, tf1 = self.tf, self.tf1
+        with tf1.device(self.worker), tf.control_dependencies(list(deps)):
+            step = self.local_step.read_value()
+            writes = [self.last_loss.assign(self.mean, read_value=False)]
+        for (g, v), slots in zip(self.grads, self.slots):
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.convert_to_tensor(g)
+            with tf1.colocate_with(v):
+                writes.append(slots[self.me].assign(g, read_value=False))
+        with tf1.device(self.coord), tf.control_dependencies(writes):
+            stamped = self.stamps[self.me].assign(step, read_value=False)
+        return stamped, step
+
+    def _count(self, step):
+        tf = self.tf
+        return tf.add_n([tf.cast(tf.equal(s.read_value(), step), tf.int32) for s in self.stamps])
+
+    def _wait_for_gradients(self, step, deps=()):
+        """On the chief: block until R distinct workers' slots carry ``step``."""
+        tf, tf1 = self.tf, self.tf1
+        with tf1.device(self.coord), tf.control_dependencies(list(deps)):
+            def body(i):
+                with tf.control_dependencies([self.arrivals.dequeue()]):
+                    return i + 1
+            loops = tf1.while_loop(lambda i: self._count(step) < self.r, body, [tf.constant(0)],
+                                   back_prop=False, parallel_iterations=1)
+            with tf.control_dependencies([loops]):
+                return self._count(step)
+
+    def _wait_for_update(self, step, deps=()):
+        """On a worker: block until the chief applied ``step`` (or reset this worker's stamp)."""
+        tf, tf1 = self.tf, self.tf1
+        mine = self.stamps[self.me]
+        with tf1.device(self.coord), tf.control_dependencies(list(deps)):
+            def cond(i):
+                return tf.logical_and(tf.equal(self._read_gs(), step), tf.equal(mine.read_value(), step))
+
+            def body(i):
+                with tf.control_dependencies([self.wakeups[self.me].dequeue()]):
+                    return i + 1
+            loops = tf1.while_loop(cond, body, [tf.constant(0)], back_prop=False, parallel_iterations=1)
+            with tf.control_dependencies([loops]):
+                new = self._read_gs()
+        with tf1.device(self.worker):
+            with tf.control_dependencies([self.local_step.assign(new, read_value=False)]):
+                return tf.identity(new)
+
+    def _wake(self, i, value):
+        """Put one wake-up in worker i's queue unless one is already there (the chief is its only producer)."""
+        tf, tf1 = self.tf, self.tf1
+        q = self.wakeups[i]
+
+        def put():
+            with tf.control_dependencies([q.enqueue(value)]):
+                return tf.constant(True)
+        return tf1.cond(tf.equal(q.size(), 0), put, lambda: tf.constant(False))
+
+    def _apply(self):
+        """On the chief: add the slots stamped with the current step, apply once, wake everyone."""
+        tf, tf1 = self.tf, self.tf1
+        with tf1.device(self.worker):
+            step = self.local_step.read_value()
+        with tf1.device(self.coord):
+            hits = [tf.equal(s.read_value(), step) for s in self.stamps]
+            k = tf.add_n([tf.cast(h, tf.int32) for h in hits])
+            # Never apply a step that fewer than R distinct workers filled.
+            check = tf1.debugging.assert_greater_equal(k, self.r, message="sync step under-filled")
+        aggregated = []
+        with tf.control_dependencies([check]):
+            for (g, v), slots in zip(self.grads, self.slots):
+                dtype = v.dtype.base_dtype
+                with tf1.colocate_with(v):
+                    total = tf.add_n([tf.cast(h, dtype) * slot.read_value() for h, slot in zip(hits, slots)])
+                    scale = tf.cast(self.r, dtype) / tf.cast(k, dtype)
+                    aggregated.append((total * scale, v))
+            apply = self.opt.apply_gradients(aggregated, global_step=self.gs)
+        with tf1.device(self.coord):
+            with tf.control_dependencies([apply]):
+                drained = self.arrivals.dequeue_many(self.arrivals.size())
+            with tf.control_dependencies([drained]):
+                new = self._read_gs()
+                wakes = [self._wake(i, new) for i in range(self.n) if i != self.me]
+        with tf1.device(self.worker), tf.control_dependencies(wakes):
+            with tf.control_dependencies([self.local_step.assign(new, read_value=False)]):
+                return tf.identity(new)
+
+    def _reset_and_wake(self):
+        """The chief's first act on a resumed session: forget stamped pushes, wake every worker.
+
+        After a restore the weights may differ from those the pending pushes
+        were computed with; a worker whose stamp is cleared leaves its wait
+        and pushes again for the step the chief now holds.
+        """
+        tf, tf1 = self.tf, self.tf1
+        with tf1.device(self.coord):
+            resets = [s.assign(-1, read_value=False) for s in self.stamps]
+            with tf.control_dependencies(resets):
+                new = self._read_gs()
+                wakes = [self._wake(i, new) for i in range(self.n) if i != self.me]
+            with tf.control_dependencies(wakes):
+                return tf.no_op(name="reset_and_wake")
+
+    def _init_if_needed(self, v, initial):
+        """Initialise ``v`` unless it already is: the chief runs this after every restore."""
+        tf, tf1 = self.tf, self.tf1
+        with tf1.colocate_with(v):
+            def init():
+                with tf.control_dependencies([v.assign(initial(), read_value=False)]):
+                    return tf.constant(True)
+            return tf1.cond(v.is_initialized(), lambda: tf.constant(False), init).op
+
+    def _report(self):
+        tf, tf1 = self.tf, self.tf1
+        with tf1.device(self.coord):
+            stamps = tf.stack([s.read_value() for s in self.stamps])
+            gs = self._read_gs()
+        with tf1.device(self.worker):
+            return [self.local_step.read_value(), gs, stamps]
+
+    # ------------------------------------------------------------------ roles
+    def _build_chief(self):
+        tf, tf1 = self.tf, self.tf1
+        stamped, step = self._push(deps=self.update_ops)
+        count = self._wait_for_gradients(step, deps=[stamped])
+        with tf1.device(self.worker):
+            retry = self._wait_for_gradients(self.local_step.read_value())
+        return _SyncRunner(self, chief=True, first=count, retry=retry, apply=self._apply())
+
+    def _build_worker(self):
+        tf, tf1 = self.tf, self.tf1
+        stamped, step = self._push(deps=self.update_ops)
+        with tf1.device(self.coord), tf.control_dependencies([stamped]):
+            arrived = self.arrivals.enqueue(self.me)
+        first = self._wait_for_update(step, deps=[arrived])
+        with tf1.device(self.worker):
+            retry = self._wait_for_update(self.local_step.read_value())
+        return _SyncRunner(self, chief=False, first=first, retry=retry)
+
+
+class _ChiefSyncHook(Hook):
+    def __init__(self, reset_and_wake):
+        self.reset_and_wake = reset_and_wake
+
+    def after_create_session(self, session, restored: bool):
+        # A fresh run has no pending pushes to forget; a restored or recreated
+        # session may hold stale ones, and its workers may wait on a step that
+        # was rolled back.
+        if restored:
+            session.run(self.reset_and_wake)
+
+
+class _SyncRunner(StepRunner):
+    """One sync step: chief = push+wait, then apply; worker = push+wait. Waits time out into stall reports."""
+
+    def __init__(self, b: _SyncBuilder, chief: bool, first, retry, apply=None):
+        super().__init__(first, b.mean)
+        import tensorflow as tf
+        self.tf = tf
+        self.chief = chief
+        self.first, self.retry, self.apply = first, retry, apply
+        self.trainers, self.me, self.r = b.trainers, b.me, b.r
+        with tf.compat.v1.device(b.worker):
+            self.last_loss_value = b.last_loss.read_value()
+        self.warn_secs = b.s.stall_warn_secs
+        self.timeout_secs = b.s.stall_timeout_secs
+        self.options = tf.compat.v1.RunOptions(timeout_in_ms=int(self.warn_secs * 1000))
+        self.report = None
+        self.steps_done = 0
+
+    def set_report(self, report):
+        self.report = report
+
+    def attach(self, session, extra=None):
+        """Build the callables for this session (waits accept a timeout)."""
+        mk = session.make_callable
+        self._first = mk([self.first, self.loss], accept_options=True)
+        self._first_extra = mk([self.first, self.loss, extra], accept_options=True) if extra is not None else None
+        self._retry = mk([self.retry, self.last_loss_value],
+                         accept_options=True)
+        self._apply = mk(self.apply) if self.chief else None
+        self._report = mk(self.report)
+
+    def step(self, with_extra: bool = False) -> StepResult:
+        """Run one sync step; a wait that outlasts stall_warn_secs is reported and resumed."""
+        started = time.monotonic()
+        extra, loss = None, math.nan
+        try:
+            if with_extra and self._first_extra is not None:
+                got, loss, extra = self._first_extra(options=self.options)
+            else:
+                got, loss = self._first(options=self.options)
+        except self.tf.errors.DeadlineExceededError:
+            got, loss = self._wait(started)
+        if self.chief:
+            got = self._apply()
+        self.steps_done += 1
+        return StepResult(int(got), float(loss), extra)
+
+    def _wait(self, started):
+        while True:
+            self._log_stall(time.monotonic() - started)
+            try:
+                return self._retry(options=self.options)
+            except self.tf.errors.DeadlineExceededError:
+                pass
+
+    def _log_stall(self, waited):
+        step, gs, stamps = self._report()
+        have = [str(self.trainers[i]) for i, s in enumerate(stamps) if s == step]
+        missing = [f"{self.trainers[i]} (last step {s})" if s >= 0 else f"{self.trainers[i]} (none yet)"
+                   for i, s in enumerate(stamps) if s != step]
+        what = (f"{self.trainers[self.me]} has waited {waited:.0f}s on sync step {step}: "
+                f"{len(have)} of {self.r} gradient(s) in ({', '.join(have) or 'none'})")
+        if len(have) >= self.r and not self.chief:
+            what += f"; waiting for the chief ({self.trainers[0]}) to apply it (global step {gs})"
+        elif missing:
+            what += f"; not yet from {', '.join(missing)}"
+        if self.timeout_secs is not None and waited >= self.timeout_secs:
+            raise SyncStallError(f"sync step stalled for {waited:.0f}s (stall_timeout_secs="
+                                 f"{self.timeout_secs:g}): {what.split(': ', 1)[1]}")
+        (log.info if self.steps_done == 0 else log.warning)(what)
