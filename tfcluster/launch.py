@@ -41,6 +41,8 @@ TRAINER_JOBS = ("chief", "worker")
 EXIT_TIMEOUT = 124
 #: Seconds between SIGTERM and SIGKILL when the launcher stops a task.
 TERM_GRACE = 1.0
+#: The same for a ps that tfcluster hosts: it has nothing to save, only TF's slow teardown.
+HOSTED_PS_GRACE = 0.5
 #: A task's port placeholder is dropped once the task answers, or after this long.
 PORT_HOLD_LIMIT = 300.0
 _POLL = 0.05
@@ -191,6 +193,7 @@ class _Proc:
         self.popen: Optional[subprocess.Popen] = None
         self.reader: Optional[threading.Thread] = None
         self.restarts = 0
+        self.grace = TERM_GRACE             # SIGTERM -> SIGKILL for this task's group
         self.started_at = 0.0
         self.returncode: Optional[int] = None
         self.known = {}                     # pid -> psutil.Process: every descendant ever seen
@@ -397,8 +400,10 @@ class LocalLauncher:
                 env.update(REUSE_ENV)
                 port = parse_address(cluster.address(t))[1]
                 placeholder = by_port.pop(port)   # the task owns it now, and drops it once it serves
-            self.procs.append(_Proc(t, argv, env, os.path.join(log_dir, f"{t.job}-{t.index}.log"),
-                                    port, placeholder))
+            proc = _Proc(t, argv, env, os.path.join(log_dir, f"{t.job}-{t.index}.log"), port, placeholder)
+            if t.job == "ps" and self.legacy_flags == "none":
+                proc.grace = HOSTED_PS_GRACE
+            self.procs.append(proc)
 
     # ----------------------------------------------------------- running
     def run(self) -> int:
@@ -543,8 +548,8 @@ class LocalLauncher:
                     pass
         p.known.clear()
 
-    def _stop(self, procs, grace: float = TERM_GRACE):
-        """SIGTERM every process of these tasks (groups and trees), SIGKILL survivors after ``grace``."""
+    def _stop(self, procs):
+        """SIGTERM every process of these tasks (groups and trees), SIGKILL survivors after each task's grace."""
         import psutil
         own = self._own_pids()
         for p in procs:
@@ -568,12 +573,19 @@ class LocalLauncher:
 
         def pending():
             return [p for p in leaders if p.poll() is None] + [q for q in others if _alive(q, own)]
-        end = time.monotonic() + grace
+        start = time.monotonic()
+        killed = set()
+        end = start + max([p.grace for p in leaders] + [TERM_GRACE if others else 0.0])
         while pending() and time.monotonic() < end and len(self._signals) < 2:
+            for p in leaders:
+                if p.name not in killed and p.poll() is None and time.monotonic() >= start + p.grace:
+                    log.debug("SIGKILL to %s, still alive %gs after SIGTERM", p.name, p.grace)
+                    p.signal_group(signal.SIGKILL)
+                    killed.add(p.name)
             time.sleep(0.02)
         left = pending()
         if left:
-            log.debug("SIGKILL to %d process(es) still alive after %gs", len(left), grace)
+            log.debug("SIGKILL to %d process(es) still alive after SIGTERM", len(left))
         for p in leaders:
             if p.poll() is None:
                 p.signal_group(signal.SIGKILL)
