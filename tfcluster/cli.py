@@ -142,7 +142,12 @@ def cmd_start(args) -> int:
         log.info("it exits once all %d trainer(s) are done", cluster.num_replicas)
     how = serve_until_done(server, cluster, stop=stop, exit_when_done=done_aware)
     log.info("%s stopped (%s)", task, "all trainers done" if how == "done" else "signal")
-    return 0
+    # The gRPC server cannot be stopped (Server.stop is unimplemented) and
+    # TF's interpreter teardown takes most of a second; a server holds
+    # nothing to save, so leave at once.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _run_task_command(cluster: Cluster, command, args) -> int:
