@@ -206,6 +206,8 @@ def wait_for_cluster(cluster: Cluster, task: Optional[Task] = None, timeout: flo
 
 # ------------------------------------------------------------------- ending
 _DONE_CAPACITY = 4096
+#: Seconds a ps stays up after the last done token, so the sender hears back.
+_DONE_LINGER = 0.3
 
 
 def _done_queue(ps: Task):
@@ -248,6 +250,10 @@ def serve_until_done(server, cluster: Cluster, task: Optional[Task] = None,
                 log.info("%s is done (%d of %d)", who, len(seen), len(expected))
             if seen >= expected:
                 log.info("every trainer is done; %s exits", t)
+                # The last trainer's enqueue reply and session close are
+                # still in flight; leaving at once would make it wait out
+                # its RPC deadline.
+                stop.wait(_DONE_LINGER)
                 return "done"
     return "stopped"
 

@@ -28,30 +28,29 @@ def mlp_logits(tf1, x):
 
 
 class Meter:
-    """Counts examples in a steady window after a warm-up, and the first/last step times."""
+    """Counts examples per second over a worker's steps, and its first and last step times."""
 
-    def __init__(self, batch, warmup_steps=20):
-        self.batch, self.warmup = batch, warmup_steps
+    # Measured as tfcluster.fit measures itself: every step from the first to
+    # the last, so neither side gets a warm-up the other does not.
+    def __init__(self, batch):
+        self.batch = batch
         self.steps = 0
         self.first_step_at = None
-        self.window_start = None
         self.last_step_at = None
+        self._t0 = None
 
     def step(self):
         now = time.time()
+        if self._t0 is None:
+            self._t0 = now
         if self.first_step_at is None:
             self.first_step_at = now
         self.steps += 1
-        if self.steps == self.warmup:
-            self.window_start = now
-            self.window_steps0 = self.steps
         self.last_step_at = now
 
     def result(self, **extra):
-        if self.window_start is None or self.last_step_at <= self.window_start:
-            eps = 0.0
-        else:
-            eps = (self.steps - self.window_steps0) * self.batch / (self.last_step_at - self.window_start)
+        elapsed = (self.last_step_at or 0) - (self._t0 or 0)
+        eps = self.steps * self.batch / elapsed if elapsed > 0 else 0.0
         return dict(examples_per_sec=eps, steps=self.steps, first_step_at=self.first_step_at,
                     last_step_at=self.last_step_at, **extra)
 

@@ -23,7 +23,7 @@ p.add_argument("--task_index", type=int)
 p.add_argument("--ps_hosts")
 p.add_argument("--worker_hosts")
 p.add_argument("--batch", type=int, default=128)
-p.add_argument("--seconds", type=float, default=20)
+p.add_argument("--steps", type=int, default=2000, help="global steps")
 a = p.parse_args()
 
 cluster = tf1.train.ClusterSpec({"ps": a.ps_hosts.split(","), "worker": a.worker_hosts.split(",")})
@@ -43,11 +43,10 @@ data_x, data_y = synthetic()
 rng = __import__("numpy").random.RandomState(a.task_index)
 meter = Meter(a.batch)
 started = time.time()
-with tf1.train.MonitoredTrainingSession(master=server.target, is_chief=a.task_index == 0) as sess:
+hooks = [tf1.train.StopAtStepHook(last_step=a.steps)]
+with tf1.train.MonitoredTrainingSession(master=server.target, is_chief=a.task_index == 0, hooks=hooks) as sess:
     while not sess.should_stop():
         idx = rng.randint(0, len(data_x), a.batch)
         sess.run(train_op, feed_dict={x: data_x[idx], y: data_y[idx]})
         meter.step()
-        if time.time() - meter.first_step_at > a.seconds:
-            break
 report(meter.result(peer="raw_tf1", task=a.task_index, started=started))
