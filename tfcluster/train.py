@@ -55,6 +55,10 @@ class FitResult:
     checkpoint: Optional[str] = None
     first_step_at: Optional[float] = None
     evaluations: list = field(default_factory=list)
+    last_step_at: Optional[float] = None
+    #: ``(epoch seconds, local steps)`` about every half second, so throughput
+    #: can be measured over the window in which all workers ran.
+    timeline: list = field(default_factory=list)
 
 
 # ------------------------------------------------------------------ helpers
@@ -260,6 +264,7 @@ def _train_loop(session, read_step, steps, name, is_chief, saver, writer, checkp
     t0 = window_t = time.monotonic()
     next_log = t0 + log_every_secs
     first_step_at = None
+    timeline, next_mark = [], t0
     batch = batch_size or 0
 
     def save(step):
@@ -280,6 +285,9 @@ def _train_loop(session, read_step, steps, name, is_chief, saver, writer, checkp
         if r.extra is not None:
             writer.add_summary(r.extra, gs)
         now = time.monotonic()
+        if now >= next_mark:
+            timeline.append((time.time(), local_steps))
+            next_mark = now + 0.5
         if first_step_at is None:
             first_step_at = time.time()
             log.info("%s first step done at t=%.3f (%.1fs after start), global step %d", name, first_step_at,
@@ -301,6 +309,8 @@ def _train_loop(session, read_step, steps, name, is_chief, saver, writer, checkp
             last_save_step, last_save_time = gs, now
 
     elapsed = time.monotonic() - t0
+    last_step_at = time.time()
+    timeline.append((last_step_at, local_steps))
     if saver is not None:
         if gs != last_save_step or checkpoint is None:
             checkpoint = save(gs)
@@ -309,7 +319,8 @@ def _train_loop(session, read_step, steps, name, is_chief, saver, writer, checkp
     sps = local_steps / elapsed if elapsed > 0 else 0.0
     log.info("%s done: global step %d, %d local step(s) in %.1fs, %.1f steps/s %.0f examples/s", name, gs,
              local_steps, elapsed, sps, sps * batch)
-    return FitResult(name, gs, local_steps, final_loss, elapsed, sps, sps * batch, checkpoint, first_step_at)
+    return FitResult(name, gs, local_steps, final_loss, elapsed, sps, sps * batch, checkpoint, first_step_at,
+                     last_step_at=last_step_at, timeline=timeline)
 
 
 # ------------------------------------------------------- evaluate / predict
