@@ -25,17 +25,19 @@ import os
 import sys
 import types
 
-from . import mnist as _mnist
 from .contrib import TF1RemovedError
 
 __all__ = ["install", "installed", "legacy_keras_available", "tf1_command", "TF1RemovedError",
-           "READY_POLL_ENV", "DEFAULT_READY_POLL_SECS"]
+           "READY_POLL_ENV", "DEFAULT_READY_POLL_SECS", "STOP_GRACE_ENV", "DEFAULT_STOP_GRACE_SECS"]
 
 log = logging.getLogger("tfcluster")
 
 #: Environment variable: seconds between "is the model ready?" polls in TF1 mode (TF's default is 30).
 READY_POLL_ENV = "TFCLUSTER_TF1_READY_POLL_SECS"
 DEFAULT_READY_POLL_SECS = 1.0
+#: Environment variable: seconds a closing MonitoredSession waits for its threads (TF's default is 120).
+STOP_GRACE_ENV = "TFCLUSTER_TF1_STOP_GRACE_SECS"
+DEFAULT_STOP_GRACE_SECS = 5.0
 
 _MNIST_NAMES = ("tensorflow.examples.tutorials.mnist.input_data",
                 "tensorflow.contrib.learn.datasets.mnist",
@@ -58,6 +60,7 @@ def installed():
 
 
 def _mnist_module(name: str) -> types.ModuleType:
+    from . import mnist as _mnist  # numpy; only TF1 mode itself needs it, not the CLI
     m = types.ModuleType(name, _mnist.__doc__)
     m.__dict__.update({k: getattr(_mnist, k) for k in _mnist.__all__})
     return m
@@ -186,18 +189,30 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
     sys.meta_path.insert(0, _TF1Finder({"contrib": contrib, "estimator": estimator}, modules))
     sys.modules["tensorflow"] = stand_in
 
-    if ready_poll_secs is None:
-        try:
-            ready_poll_secs = float(os.environ.get(READY_POLL_ENV, DEFAULT_READY_POLL_SECS))
-        except ValueError:
-            ready_poll_secs = DEFAULT_READY_POLL_SECS
-    if ready_poll_secs and ready_poll_secs != robust.TF_DEFAULT_RECOVERY_WAIT:
+    ready_poll_secs = _seconds(READY_POLL_ENV, DEFAULT_READY_POLL_SECS) if ready_poll_secs is None \
+        else ready_poll_secs
+    if ready_poll_secs != robust.TF_DEFAULT_RECOVERY_WAIT:
         robust.fast_ready_polling(ready_poll_secs)
+    stop_grace = _seconds(STOP_GRACE_ENV, DEFAULT_STOP_GRACE_SECS)
+    if stop_grace != robust.TF_DEFAULT_STOP_GRACE:
+        robust.quick_stop(stop_grace)
     if retry_duplicates:
         robust.retry_false_duplicates()
     robust.warn_on_recovery()
     _installed = stand_in
     return stand_in
+
+
+def _seconds(variable: str, default: float) -> float:
+    text = os.environ.get(variable, "")
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        log.warning("%s=%r is not a positive number of seconds; using %g", variable, text, default)
+        return default
+    return value
 
 
 # ------------------------------------------------------------------ commands
