@@ -112,7 +112,7 @@ def cmd_start(args) -> int:
     """Host a task's server, or run a command as that task with TF_CONFIG set."""
     cluster = cluster_from_args(args)
     task = cluster.task
-    command = list(args.command)
+    command = _tf1_command(args)
     if task.job != "evaluator":
         _warn_if_exposed(cluster)
     if command:
@@ -187,19 +187,56 @@ def _run_task_command(cluster: Cluster, command, args) -> int:
     return code
 
 
+def _tf1_command(args) -> list:
+    """The command to run: with --tf1, ``python script.py`` becomes ``python -m tfcluster.tf1 script.py``."""
+    command = list(args.command)
+    if getattr(args, "tf1", False):
+        if not command:
+            raise TfclusterError("--tf1 runs a TF 1.x script: give it after '--', e.g. -- python train.py")
+        from .tf1 import tf1_command
+        command = tf1_command(command)
+    return command
+
+
 # -------------------------------------------------------------------- local
 def cmd_local(args) -> int:
     """Run a whole cluster on this machine from one command, supervised (see tfcluster.launch)."""
     from .launch import LineWriter, LocalLauncher, use_prefixed_logging
     writer = LineWriter(sys.stdout)
-    launcher = LocalLauncher(args.command, ps=args.ps, workers=args.workers, chief=args.chief,
+    explicit = _explicit_local_cluster(args)
+    ps = 1 if args.ps is None else args.ps
+    workers = 2 if args.workers is None else args.workers
+    launcher = LocalLauncher(_tf1_command(args), ps=ps, workers=workers, chief=args.chief,
                              evaluator=args.evaluator, legacy_flags=args.legacy_flags, log_dir=args.log_dir,
                              timeout=args.timeout, max_restarts=args.max_restarts,
                              evaluator_grace=args.evaluator_grace, verbose=args.verbose, host=args.host,
-                             writer=writer, subreaper=True)
+                             writer=writer, subreaper=True, cluster=explicit, join_grace=args.join_grace)
     # Only now, with the input valid: the launcher's lines join its tasks' lines on stdout.
     use_prefixed_logging(writer, debug=args.verbose or bool(os.environ.get("TFCLUSTER_DEBUG")))
     return launcher.run()
+
+
+def _explicit_local_cluster(args):
+    """The cluster of --cluster FILE or --ports LIST (scripts with hard-coded ports), else None."""
+    if args.cluster and args.ports:
+        raise TfclusterError("give --cluster FILE or --ports LIST, not both")
+    if args.cluster:
+        given = [o for o, v in (("--ps", args.ps), ("--workers", args.workers), ("--chief", args.chief or None))
+                 if v is not None]
+        if given:
+            raise TfclusterError(f"--cluster {args.cluster} already says how many tasks there are; drop "
+                                 + " and ".join(given))
+        cluster = Cluster.from_file(args.cluster)
+        return Cluster(cluster.jobs)
+    if args.ports:
+        try:
+            ports = [int(p) for p in args.ports.split(",") if p.strip()]
+        except ValueError:
+            raise TfclusterError(f"--ports: {args.ports!r} is not a comma-separated list of port numbers") from None
+        return Cluster.local(ps=1 if args.ps is None else args.ps,
+                             workers=2 if args.workers is None else args.workers,
+                             chief=args.chief, host=args.host, ports=ports)
+    return None
 
 
 # --------------------------------------------------------------------- spec
@@ -264,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also pass --job_name/--task_index (and --ps_hosts/--worker_hosts with 'all') to COMMAND")
     s.add_argument("--timeout", type=float, default=120.0, metavar="S",
                    help="with no COMMAND: seconds a worker or chief waits for its ps tasks (default 120)")
+    s.add_argument("--tf1", action="store_true",
+                   help="run 'python script.py' in TF1 mode: 'import tensorflow as tf' gives tf.compat.v1, "
+                        "tf.contrib and tensorflow.examples...mnist work (docs/tf1.md)")
     s.add_argument("--no-exit-when-done", action="store_true",
                    help="a ps keeps serving after every trainer is done, until Ctrl-C")
     s.add_argument("--verbose", action="store_true", help="show TensorFlow's C++ logs")
@@ -287,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="tfcluster local [--ps N] [--workers M] [--chief] [--evaluator] [--legacy-flags[=STYLE]]\n"
               "                       [--log-dir DIR] [--timeout S] [--max-restarts K] [--evaluator-grace S]\n"
-              "                       [--host H] [--verbose] -- COMMAND [ARGS ...]",
+              "                       [--host H] [--cluster FILE | --ports P,...] [--join-grace S] [--tf1]\n"
+              "                       [--verbose] -- COMMAND [ARGS ...]",
         description="Start one process per task on this machine, show every line of every task prefixed\n"
                     "with its name ([worker:1] ...), keep one log file per task, and stop the cluster once\n"
                     "the trainers (workers and chief) have exited.\n\n"
@@ -310,8 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  130/143  the launcher got Ctrl-C/SIGTERM; everything was stopped\n\n"
                "example:\n"
                "  tfcluster local --ps 1 --workers 2 -- python train.py --steps 100")
-    lo.add_argument("--ps", type=int, default=1, metavar="N", help="parameter servers (default 1)")
-    lo.add_argument("--workers", type=int, default=2, metavar="M", help="workers (default 2)")
+    lo.add_argument("--ps", type=int, metavar="N", help="parameter servers (default 1)")
+    lo.add_argument("--workers", type=int, metavar="M", help="workers (default 2)")
     lo.add_argument("--chief", action="store_true", help="add a chief task (it runs COMMAND)")
     lo.add_argument("--evaluator", action="store_true",
                     help="add an evaluator (runs COMMAND outside the cluster; stopped after --evaluator-grace)")
@@ -328,6 +369,18 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--evaluator-grace", type=float, default=60.0, metavar="S",
                     help="seconds the evaluator may run on after the trainers are done (default 60)")
     lo.add_argument("--host", default="localhost", metavar="H", help="address of every task (default localhost)")
+    lo.add_argument("--cluster", metavar="FILE",
+                    help="use this cluster (JSON, as for 'start') instead of free ports: for scripts with "
+                         "hard-coded ports; every task must be on this machine")
+    lo.add_argument("--ports", metavar="P,P,...",
+                    help="use these ports instead of free ones, in the order tfcluster spec lists tasks: "
+                         "chief, workers, ps (e.g. --ps 1 --workers 2 --ports 2223,2224,2222)")
+    lo.add_argument("--join-grace", type=float, metavar="S",
+                    help="S seconds after the chief (or worker 0) finished, stop trainers still running as "
+                         "left in server.join() (default: wait for every trainer)")
+    lo.add_argument("--tf1", action="store_true",
+                    help="run 'python script.py' in TF1 mode: 'import tensorflow as tf' gives tf.compat.v1, "
+                         "tf.contrib and tensorflow.examples...mnist work (docs/tf1.md)")
     lo.add_argument("--verbose", action="store_true",
                     help="show TensorFlow's C++ logs and the launcher's debug lines")
     lo.set_defaults(func=cmd_local)

@@ -301,7 +301,14 @@ class LocalLauncher:
     def __init__(self, command, ps: int = 1, workers: int = 2, chief: bool = False, evaluator: bool = False,
                  legacy_flags: str = "none", log_dir: Optional[str] = None, timeout: Optional[float] = None,
                  max_restarts: int = 0, evaluator_grace: float = 60.0, verbose: bool = False,
-                 host: str = "localhost", writer: Optional[LineWriter] = None, subreaper: bool = False):
+                 host: str = "localhost", writer: Optional[LineWriter] = None, subreaper: bool = False,
+                 cluster: Optional[Cluster] = None, join_grace: Optional[float] = None):
+        if cluster is not None:
+            # An explicit cluster (scripts with hard-coded ports): its jobs decide the counts.
+            ps, workers, chief = cluster.num_tasks("ps"), cluster.num_tasks("worker"), bool(cluster.num_tasks("chief"))
+            _check_local(cluster)
+        if join_grace is not None and not join_grace >= 0:
+            raise TfclusterError(f"--join-grace must be >= 0 seconds, got {join_grace:g}")
         for name, n in (("--ps", ps), ("--workers", workers), ("--max-restarts", max_restarts)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise TfclusterError(f"{name} must be a whole number >= 0, got {n!r}")
@@ -329,6 +336,8 @@ class LocalLauncher:
         self.host = host
         self.writer = writer or LineWriter()
         self.subreaper = subreaper
+        self.explicit = cluster
+        self.join_grace = join_grace
         self.cluster: Optional[Cluster] = None
         self.procs = []
         self.shutdown_seconds: Optional[float] = None   # last trainer exit -> last task process gone
@@ -367,17 +376,38 @@ class LocalLauncher:
             raise TfclusterError(f"cannot reserve {total} port(s) on {self.host}: {e.strerror}") from None
         return held
 
+    def _hold_explicit(self) -> dict:
+        """Hold the given ports of an explicit cluster as placeholders; one clear line if one is taken."""
+        held = {}
+        for t in self.explicit.tasks():
+            host, port = parse_address(self.explicit.address(t))
+            h = _hold_port(port, host)
+            if h is None:
+                for x in held.values():
+                    x.release()
+                from .ports import port_holder
+                who = port_holder(port)
+                raise TfclusterError(f"port {port} of {t} ({self.explicit.address(t)}) is already in use"
+                                     + (f" (held by {who})" if who else ""))
+            held[port] = h
+        return held
+
     def _build(self, log_dir: str):
-        held = self._reserve()
-        try:
-            cluster = Cluster.local(ps=self.counts["ps"], workers=self.counts["workers"],
-                                    chief=self.counts["chief"], host=self.host, ports=[r.ports[0] for r in held])
-        except TfclusterError:
-            for r in held:
-                r.release()
-            raise
+        if self.explicit is not None:
+            cluster = self.explicit
+            by_port = self._hold_explicit()
+        else:
+            held = self._reserve()
+            try:
+                cluster = Cluster.local(ps=self.counts["ps"], workers=self.counts["workers"],
+                                        chief=self.counts["chief"], host=self.host,
+                                        ports=[r.ports[0] for r in held])
+            except TfclusterError:
+                for r in held:
+                    r.release()
+                raise
+            by_port = {r.ports[0]: r for r in held}
         self.cluster = cluster
-        by_port = {r.ports[0]: r for r in held}
         spec = os.path.join(log_dir, "cluster.json")
         with open(spec, "w", encoding="utf-8") as f:
             f.write(cluster.to_json())
@@ -456,6 +486,8 @@ class LocalLauncher:
                     return code
             if all(p.returncode == 0 for p in trainers):
                 break
+            if self._left_in_join(trainers):
+                break
             time.sleep(_POLL)
         last_exit = time.monotonic()
         others = [p for p in self.procs if p.task.job != "evaluator"]
@@ -470,6 +502,30 @@ class LocalLauncher:
             return code
         log.info("done: %d trainer(s) succeeded", len(trainers))
         return 0
+
+    def _left_in_join(self, trainers) -> bool:
+        """True once the chief finished --join-grace seconds ago: the trainers still running are
+        taken to be left in server.join() (in-graph TF1 scripts), and are stopped like the ps."""
+        chief = next((p for p in trainers if p.task.job == "chief"), None) or \
+            next((p for p in trainers if p.task == Task("worker", 0)), None)
+        if chief is None or chief.returncode != 0:
+            self._chief_done_at = None
+            return False
+        now = time.monotonic()
+        if getattr(self, "_chief_done_at", None) is None:
+            self._chief_done_at = now
+            self._join_hinted = False
+        running = [p.name for p in trainers if p.running]
+        waited = now - self._chief_done_at
+        if self.join_grace is not None and waited >= self.join_grace:
+            log.info("%s finished %.0fs ago and %s still run: taken to be left in server.join() "
+                     "(--join-grace %g); stopping them", chief.name, waited, ", ".join(running), self.join_grace)
+            return True
+        if self.join_grace is None and waited >= 30.0 and not self._join_hinted:
+            self._join_hinted = True
+            log.info("%s finished 30s ago; still waiting for %s (if they sit in server.join(), "
+                     "--join-grace S stops them S seconds after the chief)", chief.name, ", ".join(running))
+        return False
 
     def _check_interrupts(self, deadline) -> Optional[int]:
         if self._signals:
@@ -680,6 +736,17 @@ class LocalLauncher:
                 signal.signal(s, h)
             except (OSError, ValueError, TypeError):
                 pass
+
+
+def _check_local(cluster: Cluster):
+    """Refuse an explicit cluster with a task that is not on this machine."""
+    from .cluster import is_loopback
+    local_names = {"localhost", socket.gethostname(), socket.getfqdn()}
+    for t in cluster.tasks():
+        host, _ = parse_address(cluster.address(t))
+        if not (is_loopback(host) or host in local_names):
+            raise TfclusterError(f"{t} is at {cluster.address(t)}, not on this machine; tfcluster local runs "
+                                 "every task here (use tfcluster start on each host instead)")
 
 
 def run_local(command, writer: Optional[LineWriter] = None, **options) -> int:
