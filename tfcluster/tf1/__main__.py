@@ -29,7 +29,14 @@ def _setup_logging():
     log = logging.getLogger("tfcluster")
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("tfcluster: %(levelname)s: %(message)s"))
+
+        class _Lower(logging.Filter):
+            def filter(self, record):
+                record.level_ = record.levelname.lower()
+                return True
+        # The same shape as the CLI's one-line errors: "tfcluster: warning: ...".
+        handler.addFilter(_Lower())
+        handler.setFormatter(logging.Formatter("tfcluster: %(level_)s: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False

@@ -13,12 +13,14 @@ although nothing was sent twice. Several threads calling ``sess.run`` (queue
 runners) only make steps, and so collisions, come faster.
 ``scripts/repro_request_twice.py`` reproduces it and checks that rate.
 
-The step was rejected before it ran on that worker, so running it again is
-what TF itself would do for a transient failure. :func:`retry_false_duplicates`
-does exactly that, for this one error message only. Without it,
-MonitoredTrainingSession takes the error for a preemption, throws its session
-away and makes the chief restore the last checkpoint (or re-initialise every
-variable if there is none): the progress since then is silently lost.
+That worker rejected its part of the step before running it; parts already
+running on other tasks are cancelled, as for any aborted step. Running the step
+again is what MonitoredTrainingSession ends up doing too, but only after it has
+taken the error for a preemption, thrown its session away and made the chief
+restore the last checkpoint (or re-initialise every variable if there is
+none): the progress since then is silently lost, and a plain Session or a
+Supervisor simply crashes. :func:`retry_false_duplicates` runs the step again
+at once, for this one error message only, and says so.
 
 **Silent restarts.** :func:`warn_on_recovery` logs a warning whenever
 MonitoredTrainingSession recreates its session, saying what the chief is about
