@@ -63,6 +63,9 @@ def pick_free_ports(count: int, host: str = "localhost") -> list:
 def port_is_free(port: int, host: str = "localhost") -> bool:
     """True when nothing is bound to ``port`` on the wildcard address."""
     s = socket.socket(_family(host), socket.SOCK_STREAM)
+    # Like gRPC's own bind: connections of a task that just died (TIME_WAIT)
+    # must not make its port look taken to the task restarted in its place.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind((_bind_host(host), port))
         return True
