@@ -182,17 +182,34 @@ def main(argv):
     w_normal = tf.get_variable("wn", [400, 600], initializer=tf.contrib.layers.variance_scaling_initializer(seed=2))
     l2 = l2_regularizer(0.5)(tf.ones([3, 4]))
     l1 = tf.contrib.layers.l1_regularizer(0.25)(-tf.ones([2, 2]))
+    l1l2 = tf.contrib.layers.l1_l2_regularizer(0.25, 0.5)(-tf.ones([2, 2]))
     flat = flatten(tf.zeros([5, 4, 3, 2]))
     out["flat_shape"] = flat.shape.as_list()
+    out["scoped"] = [v.op.name for v in tf.contrib.framework.get_variables("w")]
+    # contrib's streaming metrics take (predictions, labels): 3 of 4 right.
+    acc, acc_update = tf.contrib.metrics.streaming_accuracy(tf.constant([1, 2, 3, 0]), tf.constant([1, 2, 3, 4]))
+    batches = tf.contrib.data.Dataset.range(10).apply(tf.contrib.data.batch_and_drop_remainder(4))
+    next_batch = batches.make_one_shot_iterator().get_next()
     with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        wv, wn, l2v, l1v = sess.run([w, w_normal, l2, l1])
-    out["l2"], out["l1"] = float(l2v), float(l1v)
+        sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+        wv, wn, l2v, l1v, l1l2v = sess.run([w, w_normal, l2, l1, l1l2])
+        sess.run(acc_update)
+        out["accuracy"] = float(sess.run(acc))
+        out["batches"] = [sess.run(next_batch).tolist() for _ in range(2)]
+    out["l2"], out["l1"], out["l1l2"] = float(l2v), float(l1v), float(l1l2v)
     out["xavier_limit_ok"] = bool(abs(wv).max() <= np.sqrt(6.0 / 1000) + 1e-6)
     out["xavier_var"] = float(wv.var() * 1000 / 2)              # Glorot: var = 2 / (fan_in + fan_out)
     out["he_var"] = float(wn.var() * 400 / 2)                    # He: var = 2 / fan_in
     if "--layers" in sys.argv:
         out["dense"] = tf.layers.dense(tf.zeros([2, 3]), 4).shape.as_list()
+        fc = tf.contrib.layers.fully_connected(tf.constant([[-1.0, -2.0, -3.0]]), 5,
+                                               weights_initializer=tf.ones_initializer())
+        cell = tf.contrib.rnn.BasicLSTMCell(6)
+        outputs, _ = tf.contrib.rnn.static_rnn(cell, [tf.zeros([2, 3])] * 4, dtype=tf.float32)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            out["fc_relu"] = sess.run(fc).tolist()             # ReLU is contrib's default activation
+        out["rnn"] = [len(outputs)] + outputs[-1].shape.as_list()
     print("PROBE " + json.dumps(out))
 
 if __name__ == "__main__":
@@ -223,10 +240,16 @@ def test_a_tf1_script_sees_tf_compat_v1_with_contrib_flags_and_mnist(tmp_path, m
     assert out["mnist"] == 10 and out["mnist_same"] and out["global_step_same"]
     assert out["flat_shape"] == [5, 24]
     assert out["l2"] == pytest.approx(0.5 * 12 / 2) and out["l1"] == pytest.approx(0.25 * 4)
+    assert out["l1l2"] == pytest.approx(0.25 * 4 + 0.5 * 4 / 2)
+    assert out["scoped"] == ["w", "wn"]                           # a scope is a prefix, as in TF 1.x
+    assert out["accuracy"] == pytest.approx(0.75)
+    assert out["batches"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert out["xavier_limit_ok"] and out["xavier_var"] == pytest.approx(1.0, rel=0.05)
     assert out["he_var"] == pytest.approx(1.0, rel=0.08)
     if HAS_TF_KERAS:
         assert out["dense"] == [2, 4]
+        assert out["fc_relu"] == [[0.0] * 5]
+        assert out["rnn"] == [4, 2, 6]
 
 
 @pytest.mark.slow
