@@ -38,6 +38,7 @@ class Meter:
         self.first_step_at = None
         self.last_step_at = None
         self._t0 = None
+        self.timeline, self._next_mark = [], 0.0
 
     def step(self):
         now = time.time()
@@ -47,12 +48,16 @@ class Meter:
             self.first_step_at = now
         self.steps += 1
         self.last_step_at = now
+        if now >= self._next_mark:
+            self.timeline.append((now, self.steps))
+            self._next_mark = now + 0.5
 
     def result(self, **extra):
         elapsed = (self.last_step_at or 0) - (self._t0 or 0)
         eps = self.steps * self.batch / elapsed if elapsed > 0 else 0.0
         return dict(examples_per_sec=eps, steps=self.steps, first_step_at=self.first_step_at,
-                    last_step_at=self.last_step_at, **extra)
+                    last_step_at=self.last_step_at, timeline=self.timeline + [(self.last_step_at, self.steps)],
+                    batch=self.batch, **extra)
 
 
 def report(result):

@@ -44,7 +44,11 @@ rng = __import__("numpy").random.RandomState(a.task_index)
 meter = Meter(a.batch)
 started = time.time()
 hooks = [tf1.train.StopAtStepHook(last_step=a.steps)]
-with tf1.train.MonitoredTrainingSession(master=server.target, is_chief=a.task_index == 0, hooks=hooks) as sess:
+# Without device filters a non-chief that starts after the chief has finished
+# waits forever for it (pitfalls item 3); TF's own distributed examples set them.
+config = tf1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{a.task_index}"])
+with tf1.train.MonitoredTrainingSession(master=server.target, is_chief=a.task_index == 0, hooks=hooks,
+                                       config=config) as sess:
     while not sess.should_stop():
         idx = rng.randint(0, len(data_x), a.batch)
         sess.run(train_op, feed_dict={x: data_x[idx], y: data_y[idx]})
