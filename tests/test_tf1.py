@@ -358,6 +358,42 @@ def test_a_false_duplicate_abort_is_retried_and_a_real_restart_says_what_it_thro
                           "by a preempted ps (injected).") == 2
 
 
+# ------------------------------------------- launcher options for legacy scripts
+@pytest.mark.parametrize("args, says", [
+    (["--cluster", "c.json", "--ports", "1,2,3"], "give --cluster FILE or --ports LIST, not both"),
+    (["--cluster", "c.json", "--workers", "2"], "--cluster c.json already says how many tasks there are; drop "
+                                                "--workers"),
+    (["--cluster", "remote.json"], "ps:0 is at 10.9.8.7:2222, not on this machine"),
+    (["--ports", "2222,x"], "--ports: '2222,x' is not a comma-separated list of port numbers"),
+    (["--ps", "1", "--workers", "2", "--ports", "2222,2223"], "3 task(s) need 3 ports, got 2"),
+    (["--join-grace", "-1"], "--join-grace must be >= 0 seconds"),
+    (["--tf1", "--", "bash", "train.sh"], "--tf1 runs Python scripts"),
+])
+def test_local_refuses_a_bad_legacy_option_in_one_line_and_starts_nothing(tmp_path, args, says):
+    (tmp_path / "c.json").write_text(json.dumps({"ps": ["localhost:2222"], "worker": ["localhost:2223"]}))
+    (tmp_path / "remote.json").write_text(json.dumps({"ps": ["10.9.8.7:2222"], "worker": ["localhost:2223"]}))
+    if "--" not in args:
+        args = args + ["--", "python", "train.py"]
+    r = run_cli("local", *args, cwd=str(tmp_path))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("tfcluster: error: ") and says in r.stderr, r.stderr
+    assert r.stdout == "" and not (tmp_path / "tfcluster-logs").exists()
+
+
+def test_local_refuses_an_explicit_port_that_is_taken_and_names_it(tmp_path):
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        free = pick_free_ports(1)[0]
+        r = run_cli("local", "--ps", "1", "--workers", "1", "--ports", f"{free},{port}", "--log-dir",
+                    tmp_path / "logs", "--", "python", "train.py", cwd=str(tmp_path))
+    assert r.returncode == 2
+    assert f"tfcluster: error: port {port} of ps:0 (localhost:{port}) is already in use" in r.stderr
+    assert "started" not in r.stdout
+
+
 # ------------------------------------------------- clusters, one per style
 def _pids(output):
     return [int(m) for m in re.findall(r"started \(pid (\d+)\)", output)]
@@ -443,10 +479,14 @@ def test_queue_runner_input_trains_from_a_csv_through_shuffle_batch(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(280)
 def test_a_script_that_never_stops_is_ended_by_the_timeout_with_exit_124(tmp_path, mnist_dir):
-    code, out = run_local(tmp_path, "--tf1", "--ps", "1", "--workers", "1", "--legacy-flags=all",
+    ps, worker = pick_free_ports(2)
+    spec = tmp_path / "c.json"
+    spec.write_text(json.dumps({"ps": [f"localhost:{ps}"], "worker": [f"localhost:{worker}"]}))
+    code, out = run_local(tmp_path, "--tf1", "--cluster", spec, "--legacy-flags=all",
                           "--timeout", "45", "--", "python", os.path.join(LEGACY, "never_stops.py"),
                           "--data_dir", mnist_dir)
     assert code == 124, out[-4000:]
+    assert f"--ps_hosts=localhost:{ps} --worker_hosts=localhost:{worker}" in out
     assert "timed out after 45s (--timeout); stopping the cluster" in out
     assert_falls(_losses(out, "[worker:0]"), "worker 0")
 
