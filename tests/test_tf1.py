@@ -11,7 +11,10 @@ import importlib.util
 import json
 import os
 import re
+import socket
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -218,7 +221,6 @@ if __name__ == "__main__":
 
 
 def _run_tf1(tmp_path, text, *args, env=None, timeout=120):
-    import subprocess
     script = tmp_path / "script.py"
     script.write_text(text)
     return subprocess.run(TF1 + [str(script)] + [str(a) for a in args], capture_output=True, text=True,
@@ -284,7 +286,6 @@ def test_tf_layers_without_tf_keras_says_to_install_it(tmp_path):
 
 
 def test_the_runner_refuses_a_missing_script_in_one_line(tmp_path):
-    import subprocess
     r = subprocess.run(TF1 + [str(tmp_path / "nope.py")], capture_output=True, text=True, env=base_env(),
                        timeout=60)
     assert r.returncode == 2 and r.stderr == f"tfcluster: error: no such script: {tmp_path / 'nope.py'}\n"
@@ -381,7 +382,6 @@ def test_local_refuses_a_bad_legacy_option_in_one_line_and_starts_nothing(tmp_pa
 
 
 def test_local_refuses_an_explicit_port_that_is_taken_and_names_it(tmp_path):
-    import socket
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
@@ -502,7 +502,6 @@ def test_start_tf1_runs_a_worker_in_tf1_mode_beside_a_hosted_ps(procs, tmp_path,
                        "--legacy-flags=all", "--", "python", os.path.join(LEGACY, "never_stops.py"),
                        "--data_dir", mnist_dir)
     lines = []
-    import time
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and len(_losses("\n".join(lines), "")) < 4:
         line = worker.stdout.readline()
