@@ -338,6 +338,8 @@ class LocalLauncher:
         self.subreaper = subreaper
         self.explicit = cluster
         self.join_grace = join_grace
+        self._chief_done_at: Optional[float] = None
+        self._join_hinted = False
         self.cluster: Optional[Cluster] = None
         self.procs = []
         self.shutdown_seconds: Optional[float] = None   # last trainer exit -> last task process gone
@@ -512,9 +514,8 @@ class LocalLauncher:
             self._chief_done_at = None
             return False
         now = time.monotonic()
-        if getattr(self, "_chief_done_at", None) is None:
+        if self._chief_done_at is None:
             self._chief_done_at = now
-            self._join_hinted = False
         running = [p.name for p in trainers if p.running]
         waited = now - self._chief_done_at
         if self.join_grace is not None and waited >= self.join_grace:
