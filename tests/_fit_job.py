@@ -63,6 +63,57 @@ def make_eval_input_fn(data):
     return lambda ctx: tf.data.Dataset.from_tensor_slices((data["x"], data["y"])).batch(256)
 
 
+NAMES = ("dense/w1", "dense/b1", "out/w2", "out/b2")
+
+
+def make_data(path, rows=512, seed=0):
+    """Fixed data and initial weights for the tests, saved as an .npz file."""
+    rng = np.random.RandomState(seed)
+    x = rng.randn(rows, 10).astype("float32")
+    y = (x @ rng.randn(10, 3)).argmax(1).astype("int64")
+    np.savez(path, x=x, y=y, w1=(rng.randn(10, 16) * 0.3).astype("float32"), b1=np.zeros(16, "float32"),
+             w2=(rng.randn(16, 3) * 0.3).astype("float32"), b2=np.zeros(3, "float32"))
+    return load(path)
+
+
+def forward(weights, x):
+    """The model's logits in numpy, from a dict of the four weights."""
+    h = np.tanh(x @ weights["dense/w1"] + weights["dense/b1"])
+    return h @ weights["out/w2"] + weights["out/b2"]
+
+
+def mean_loss(weights, x, y):
+    """Mean softmax cross-entropy in numpy."""
+    z = forward(weights, x)
+    z = z - z.max(1, keepdims=True)
+    return float(np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(y)), y]))
+
+
+def reference_weights(data, steps, batch, lr=0.5):
+    """Hand-written TF1 training with feed_dict: one process, batch ``batch``, plain SGD on the mean loss.
+
+    Batch t holds rows [t*batch, (t+1)*batch) of each pass over the data, as
+    the workers' interleaved shards add up to.
+    """
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    g = tf1.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, 10])
+        y = tf1.placeholder(tf.int64, [None])
+        w = [tf1.Variable(data[k]) for k in ("w1", "b1", "w2", "b2")]
+        logits = tf.matmul(tf.nn.tanh(tf.matmul(x, w[0]) + w[1]), w[2]) + w[3]
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        train = tf1.train.GradientDescentOptimizer(lr).minimize(loss)
+        per_pass = len(data["x"]) // batch
+        with tf1.Session() as s:
+            s.run(tf1.global_variables_initializer())
+            for t in range(steps):
+                i = (t % per_pass) * batch
+                s.run(train, {x: data["x"][i:i + batch], y: data["y"][i:i + batch]})
+            return dict(zip(NAMES, s.run(w)))
+
+
 def main():
     with open(sys.argv[1], encoding="utf-8") as f:
         cfg = json.load(f)
@@ -77,7 +128,8 @@ def main():
     data = load(cfg["data"])
     strategy = None
     if cfg.get("mode"):
-        strategy = ParameterServerStrategy(cfg["mode"], stall_warn_secs=cfg.get("stall_warn_secs", 30.0),
+        strategy = ParameterServerStrategy(cfg["mode"], replicas_to_aggregate=cfg.get("replicas_to_aggregate"),
+                                           stall_warn_secs=cfg.get("stall_warn_secs", 30.0),
                                            stall_timeout_secs=cfg.get("stall_timeout_secs", 600.0))
     result = fit(make_model_fn(data), make_input_fn(data, cfg.get("step_sleep", 0.0)),
                  optimizer=lambda: tf.compat.v1.train.GradientDescentOptimizer(cfg.get("lr", 0.5)),

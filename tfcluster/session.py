@@ -33,7 +33,11 @@ class RecoveryLimitError(TfclusterError):
 
 def _first_line(e: BaseException) -> str:
     text = getattr(e, "message", None) or str(e)
-    return text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    for line in text.splitlines():
+        # TF decorates some messages with a ruler line first
+        if line.strip() and line.strip("=-~ ") != "":
+            return line.strip()
+    return type(e).__name__
 
 
 def recoverable(e: BaseException) -> bool:
@@ -57,6 +61,9 @@ def scaffold_ops(train_graph, is_chief: bool, extra_local_init=()):
     local += list(train_graph.local_init_ops)
     if is_chief:
         local += list(train_graph.chief_local_init_ops)
+    for op in (ready_op, ready_for_local):
+        # SessionManager runs them; an early exception must not add "never used" noise to its message.
+        getattr(op, "mark_used", lambda: None)()
     return init_op, ready_op, ready_for_local, tf.group(*local, name="tfcluster_local_init")
 
 
@@ -104,7 +111,9 @@ class TrainingSession:
             wait_for_cluster(self.cluster, timeout=self.startup_timeout)
         try:
             if self.is_chief:
-                ckpt = tf.train.latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
+                # Without a saver there is nothing to restore with (a worker that owns a copy, not the chief).
+                ckpt = (tf.train.latest_checkpoint(self.checkpoint_dir)
+                        if self.checkpoint_dir and self.saver is not None else None)
                 self.session = self.manager.prepare_session(
                     self.target, init_op=self.init_op, saver=self.saver if ckpt else None,
                     checkpoint_dir=self.checkpoint_dir if ckpt else None, config=self.config)

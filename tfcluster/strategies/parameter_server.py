@@ -41,7 +41,7 @@ from typing import Optional
 
 from ..errors import SpecError, TfclusterError
 from ..placement import SYNC_STATE_COLLECTION, ByteBalancedSetter, partition_big_variables
-from .base import (Hook, StepResult, StepRunner, Strategy, TrainGraph, build_single_replica,
+from .base import (StepResult, StepRunner, Strategy, TrainGraph, build_single_replica,
                    global_step_after)
 
 log = logging.getLogger("tfcluster")
@@ -105,8 +105,9 @@ class ParameterServerStrategy(Strategy):
 
     @property
     def num_replicas_in_sync(self) -> int:
-        """R in sync mode; every worker in async mode (see the module docstring)."""
-        return self.replicas_to_aggregate if self.mode == "sync" else self.num_workers
+        """R in sync mode; every worker in async mode (see the module docstring); times the towers per worker."""
+        workers = self.replicas_to_aggregate if self.mode == "sync" else self.num_workers
+        return workers * self.replicas_per_worker
 
     def placement_devices(self) -> list:
         """Every ps task, so that an empty one shows in the report."""
@@ -129,10 +130,11 @@ class ParameterServerStrategy(Strategy):
     def describe(self) -> str:
         """e.g. ``ps-sync: 2 of 2 workers per step, 1 ps``."""
         ps = self.cluster.num_tasks("ps") if self.cluster else 0
+        towers = f", {self.towers.describe()} per worker" if self.towers is not None else ""
         if self.mode == "sync":
             return (f"{self.name}: {self.replicas_to_aggregate} of {self.num_workers} workers per step, "
-                    f"{ps} ps")
-        return f"{self.name}: {self.num_workers} workers, {ps} ps"
+                    f"{ps} ps{towers}")
+        return f"{self.name}: {self.num_workers} workers, {ps} ps{towers}"
 
     # ------------------------------------------------------------- building
     def build(self, model_fn, next_batch, optimizer, per_replica_batch=None) -> TrainGraph:
@@ -209,10 +211,12 @@ class _SyncBuilder:
                 runner = self._build_worker()
             report = self._report()
             runner.set_report(report)
-            hooks = [_ChiefSyncHook(self._reset_and_wake())] if self.is_chief else []
-            chief_init = [self._init_if_needed(v, init) for v, init in self.state] if self.is_chief else []
+            chief_init = []
+            if self.is_chief:
+                slots = [(v, init) for v, init in self.state if not any(v is st for st in self.stamps)]
+                chief_init = [self._init_if_needed(v, init) for v, init in slots] + [self._reset_and_wake()]
         return TrainGraph(runner, self.gs, self.mean, chief_local_init_ops=chief_init,
-                          state_variables=[v for v, _ in self.state], hooks=hooks, model=out)
+                          state_variables=[v for v, _ in self.state], model=out)
 
     # ---------------------------------------------------------------- pieces
     def _push(self, deps=()):
@@ -304,11 +308,13 @@ class _SyncBuilder:
                 return tf.identity(new)
 
     def _reset_and_wake(self):
-        """The chief's first act on a resumed session: forget stamped pushes, wake every worker.
+        """Part of the chief's local init, on every session it creates: forget stamped pushes, wake every worker.
 
-        After a restore the weights may differ from those the pending pushes
-        were computed with; a worker whose stamp is cleared leaves its wait
-        and pushes again for the step the chief now holds.
+        A chief that initialised or restored the model may hold weights other
+        than those pending pushes were computed with (a restart rolls the
+        global step back). A worker whose stamp is cleared leaves its wait and
+        pushes again for the step the chief now holds. Non-chief workers only
+        become ready after this ran, so a fresh run loses no push.
         """
         tf, tf1 = self.tf, self.tf1
         with tf1.device(self.coord):
@@ -354,18 +360,6 @@ class _SyncBuilder:
         with tf1.device(self.worker):
             retry = self._wait_for_update(self.local_step.read_value())
         return _SyncRunner(self, chief=False, first=first, retry=retry)
-
-
-class _ChiefSyncHook(Hook):
-    def __init__(self, reset_and_wake):
-        self.reset_and_wake = reset_and_wake
-
-    def after_create_session(self, session, restored: bool):
-        # A fresh run has no pending pushes to forget; a restored or recreated
-        # session may hold stale ones, and its workers may wait on a step that
-        # was rolled back.
-        if restored:
-            session.run(self.reset_and_wake)
 
 
 class _SyncRunner(StepRunner):
@@ -436,5 +430,5 @@ class _SyncRunner(StepRunner):
             what += f"; not yet from {', '.join(missing)}"
         if self.timeout_secs is not None and waited >= self.timeout_secs:
             raise SyncStallError(f"sync step stalled for {waited:.0f}s (stall_timeout_secs="
-                                 f"{self.timeout_secs:g}): {what.split(': ', 1)[1]}")
+                                 f"{self.timeout_secs:g}): {what.split(': ', 1)[1]}") from None
         (log.info if self.steps_done == 0 else log.warning)(what)

@@ -1,0 +1,292 @@
+"""Parameter-server training on real clusters of separate processes (1 ps + 2 workers).
+
+Each cluster is started by hand, the multi-terminal way: the ps with
+``tfcluster start``, every worker as ``python _fit_job.py`` with TF_CONFIG set,
+so nothing here depends on a launcher. One sync and one async cluster are
+shared by the tests of a module (each test reads a different fact off the same
+run); recovery has a cluster of its own.
+"""
+
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import TFCLUSTER, Procs, base_env, kill_tree, wait_until
+from tfcluster.ports import pick_free_ports
+
+tf = pytest.importorskip("tensorflow")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import _fit_job as job  # noqa: E402
+
+from tfcluster.train import evaluate, predict  # noqa: E402
+
+pytestmark = pytest.mark.slow
+JOB = [sys.executable, os.path.join(HERE, "_fit_job.py")]
+BATCH = 16
+
+
+class Run:
+    """A hand-started cluster: its files, processes and logs."""
+
+    def __init__(self, tmp, procs, **cfg):
+        self.tmp, self.procs = tmp, procs
+        p = pick_free_ports(3)
+        self.cluster = {"worker": [f"localhost:{p[0]}", f"localhost:{p[1]}"], "ps": [f"localhost:{p[2]}"]}
+        self.cluster_file = tmp / "cluster.json"
+        self.cluster_file.write_text(json.dumps(self.cluster))
+        self.data = job.make_data(str(tmp / "data.npz"))
+        self.ckpt = tmp / "ckpt"
+        self.cfg = dict(data=str(tmp / "data.npz"), batch=BATCH, checkpoint_dir=str(self.ckpt),
+                        out=str(tmp / "out"), log_every_secs=0.5, **cfg)
+        (tmp / "cfg.json").write_text(json.dumps(self.cfg))
+        self.p = {}
+        self.started_at = {}
+
+    def log(self, name) -> str:
+        path = self.tmp / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _start(self, name, cmd, env):
+        self.started_at[name] = time.time()
+        out = open(self.tmp / f"{name}.log", "w")
+        self.p[name] = self.procs.start(cmd, env=env, stdout=out, stderr=out)
+        out.close()
+        return self.p[name]
+
+    def ps(self):
+        return self._start("ps", TFCLUSTER + ["start", "--cluster", self.cluster_file, "--job", "ps", "--task", "0"],
+                           base_env())
+
+    def task(self, name, job_name, index, cfg=None, **env):
+        """Start a trainer or the evaluator; ``cfg`` overrides this run's job config for it."""
+        # The evaluator gets the same cluster, which does not list it (pitfalls item 12).
+        tf_config = {"cluster": self.cluster, "task": {"type": job_name, "index": index}}
+        cfg_file = self.tmp / "cfg.json"
+        if cfg:
+            cfg_file = self.tmp / f"cfg_{name}.json"
+            cfg_file.write_text(json.dumps(dict(self.cfg, **cfg)))
+        return self._start(name, JOB + [cfg_file], base_env(TF_CONFIG=json.dumps(tf_config), **env))
+
+    def wait_all(self, timeout, names=None):
+        """Exit codes of the named processes; stops early when one fails (the others would only stall)."""
+        names = list(names or self.p)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            codes = {n: self.p[n].poll() for n in names}
+            if all(c is not None for c in codes.values()) or any(c not in (None, 0) for c in codes.values()):
+                return codes
+            time.sleep(0.2)
+        late = [n for n in names if self.p[n].poll() is None]
+        raise AssertionError(f"{', '.join(late)} did not exit within {timeout}s; log of {late[0]}:\n"
+                             f"{self.log(late[0])[-3000:]}")
+
+    def tails(self, codes) -> str:
+        """The log tails of the processes that did not exit 0, for an assertion message."""
+        return "\n".join(f"--- {n} exited {c}:\n{self.log(n)[-2500:]}" for n, c in codes.items() if c != 0)
+
+    def result(self, task):
+        return json.loads((self.tmp / "out" / f"{task}.json").read_text())
+
+    def weights(self, step=None):
+        path = tf.train.latest_checkpoint(str(self.ckpt)) if step is None else str(self.ckpt / f"model.ckpt-{step}")
+        r = tf.train.load_checkpoint(path)
+        return {k: r.get_tensor(k) for k in job.NAMES}, path
+
+
+def stamp(log_text, pattern):
+    """The t=... wall-clock time on the first log line matching ``pattern``."""
+    m = re.search(pattern + r".*?t=([0-9.]+)", log_text)
+    assert m, f"no line matching {pattern!r} in:\n{log_text[-2000:]}"
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def cluster_procs():
+    p = Procs()
+    yield p
+    p.cleanup()
+
+
+# ====================================================================== sync
+SYNC_STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory, cluster_procs):
+    """Sync, 2 workers x batch 16. The chief starts alone and must wait; worker 1 joins later."""
+    run = Run(tmp_path_factory.mktemp("sync"), cluster_procs, mode="sync", steps=SYNC_STEPS, save_steps=10,
+              stall_warn_secs=1.0)
+    run.ps()
+    run.task("w0", "worker", 0)
+    # The chief pushed its gradient for step 0 and reports that it waits for worker:1.
+    wait_until(lambda: "not yet from worker:1" in run.log("w0"), 150, "the chief to wait for worker:1")
+    run.task("w1", "worker", 1)
+    run.codes = run.wait_all(150)
+    return run
+
+
+@pytest.mark.timeout(330)
+def test_sync_workers_end_at_the_weights_of_one_process_training_on_the_global_batch(sync_run):
+    assert sync_run.codes == {"ps": 0, "w0": 0, "w1": 0}, sync_run.tails(sync_run.codes)
+    got, path = sync_run.weights()
+    assert path.endswith(f"model.ckpt-{SYNC_STEPS}")
+    want = job.reference_weights(sync_run.data, steps=SYNC_STEPS, batch=2 * BATCH)
+    start = {k: sync_run.data[k.split("/")[1]] for k in job.NAMES}
+    for k in job.NAMES:
+        assert np.abs(want[k] - start[k]).max() > 0.05  # the weights really moved
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    for task in ("worker0", "worker1"):
+        assert sync_run.result(task)["global_step"] == SYNC_STEPS
+        assert sync_run.result(task)["local_steps"] == SYNC_STEPS  # one gradient per worker per step
+
+
+def test_a_sync_step_is_not_filled_by_the_chief_alone(sync_run):
+    w0 = sync_run.log("w0")
+    # While alone, the chief reported step 0 half full, repeatedly, and did not move on.
+    waits = re.findall(r"has waited \d+s on sync step (\d+): (\d) of 2 gradient", w0)
+    assert len(waits) >= 2 and set(waits) == {("0", "1")}
+    # Its first step completed only after worker 1 was started, and it was global step 1.
+    first = stamp(w0, r"worker:0 first step done")
+    assert first > sync_run.started_at["w1"]
+    assert re.search(r"worker:0 first step done .* global step 1\b", w0)
+
+
+def test_ps_tasks_exit_on_their_own_when_every_worker_is_done(sync_run):
+    assert sync_run.codes["ps"] == 0
+    ps = sync_run.log("ps")
+    assert "worker:0 is done" in ps and "worker:1 is done" in ps and "every trainer is done" in ps
+
+
+def test_a_cluster_checkpoint_predicts_the_same_in_a_single_process(sync_run):
+    weights, path = sync_run.weights()
+    x = sync_run.data["x"]
+    preds = predict(job.make_model_fn(sync_run.data), lambda ctx: tf.data.Dataset.from_tensor_slices(x).batch(64),
+                    path)
+    np.testing.assert_allclose(preds["logits"], job.forward(weights, x), rtol=1e-4, atol=1e-5)
+    # and those are the predictions of the reference training, not just of whatever was saved
+    want = job.reference_weights(sync_run.data, steps=SYNC_STEPS, batch=2 * BATCH)
+    np.testing.assert_allclose(preds["logits"], job.forward(want, x), rtol=1e-3, atol=1e-4)
+    assert (preds["class"] == job.forward(want, x).argmax(1)).all()
+
+
+def test_the_checkpoint_holds_the_model_and_nothing_of_the_cluster(sync_run):
+    _, path = sync_run.weights()
+    names = set(tf.train.load_checkpoint(path).get_variable_to_shape_map())
+    assert names == set(job.NAMES) | {"global_step"}
+
+
+# ===================================================================== async
+ASYNC_STEPS = 200
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory, cluster_procs):
+    """Async, 2 workers. Worker 1 starts first and waits for the model; then the chief and the evaluator."""
+    run = Run(tmp_path_factory.mktemp("async"), cluster_procs, mode="async", steps=ASYNC_STEPS, save_steps=50,
+              lr=0.2)
+    run.ps()
+    run.task("w1", "worker", 1)
+    wait_until(lambda: "waits for the chief" in run.log("w1"), 150, "worker 1 to wait for the chief")
+    run.task("w0", "worker", 0)
+    run.task("ev", "evaluator", 0)
+    run.codes = run.wait_all(180)
+    return run
+
+
+@pytest.mark.timeout(330)
+def test_a_non_chief_starts_within_seconds_of_the_chief_initialising_not_thirty(async_run):
+    assert async_run.codes == {"ps": 0, "w1": 0, "w0": 0, "ev": 0}, async_run.tails(async_run.codes)
+    w0, w1 = async_run.log("w0"), async_run.log("w1")
+    init = stamp(w0, r"worker:0 initialised the model")
+    ready = stamp(w1, r"worker:1 found the model ready")
+    first0 = stamp(w0, r"worker:0 first step done")
+    first1 = stamp(w1, r"worker:1 first step done")
+    assert 0 <= ready - init < 5.0, (init, ready)
+    assert abs(first1 - first0) < 5.0, (first0, first1)
+
+
+def test_async_training_lowers_the_loss(async_run):
+    x, y = async_run.data["x"], async_run.data["y"]
+    start = {k: async_run.data[k.split("/")[1]] for k in job.NAMES}
+    final = evaluate(job.make_model_fn(async_run.data), job.make_eval_input_fn(async_run.data), str(async_run.ckpt))
+    assert final["global_step"] >= ASYNC_STEPS
+    assert final["loss"] < 0.6 * job.mean_loss(start, x, y)
+    both = [async_run.result(t)["local_steps"] for t in ("worker0", "worker1")]
+    assert min(both) > 0  # both workers trained
+    # each worker stops once the global step reaches the target; the last racing updates may overshoot
+    assert ASYNC_STEPS <= sum(both) <= ASYNC_STEPS + 2
+
+
+def test_the_evaluator_reports_the_final_checkpoint_and_exits(async_run):
+    assert async_run.codes["ev"] == 0
+    ev = async_run.log("ev")
+    final_step = async_run.result("worker0")["global_step"]
+    assert re.search(rf"evaluator: model\.ckpt-{final_step} \(global step {final_step}\): loss=[0-9.]+ "
+                     r"accuracy=[0-9.]+", ev), ev[-2000:]
+    assert "training is done" in ev
+    assert async_run.codes["ps"] == 0
+
+
+# =================================================================== stalls
+@pytest.mark.timeout(300)
+def test_backups_never_wait_and_a_missing_worker_without_backup_stalls_then_gives_up(tmp_path, procs):
+    run = Run(tmp_path, procs, mode="sync", steps=20, stall_warn_secs=1.0)
+    run.ps()
+    # 1 of 2 workers per step: worker 1 is a backup, and it never comes.
+    run.task("backup", "worker", 0, cfg={"replicas_to_aggregate": 1, "checkpoint_dir": str(tmp_path / "a")})
+    assert run.wait_all(150, names=["backup"]) == {"backup": 0}, run.tails({"backup": 1})
+    assert "has waited" not in run.log("backup")
+    assert re.search(r"ps-sync: 1 of 2 workers per step", run.log("backup"))
+    # A new run on the same live ps needs both workers: it must stall, say who is missing, and give up.
+    run.task("alone", "worker", 0, cfg={"stall_timeout_secs": 4.0, "checkpoint_dir": str(tmp_path / "b")})
+    assert run.wait_all(150, names=["alone"]) == {"alone": 1}
+    alone = run.log("alone")
+    assert "has waited 1s on sync step 0: 1 of 2 gradient(s) in (worker:0); not yet from worker:1 (none yet)" in alone
+    assert re.search(r"SyncStallError: sync step stalled for [4-9]s \(stall_timeout_secs=4\): "
+                     r"1 of 2 gradient\(s\) in \(worker:0\); not yet from worker:1", alone), alone[-2000:]
+
+
+# ================================================================== recovery
+@pytest.mark.timeout(420)
+def test_killed_workers_restarted_by_hand_let_the_sync_run_finish(tmp_path, procs):
+    """kill -9 worker 1, then the chief; each is restarted by hand and the run reaches its target."""
+    steps = 200
+    run = Run(tmp_path, procs, mode="sync", steps=steps, save_steps=20, stall_warn_secs=1.0, step_sleep=0.05)
+    run.ps()
+    # This cluster runs with TF1 behaviour (ref variables, v1 control flow), as legacy scripts do.
+    run.task("w0", "worker", 0, FIT_JOB_V1="1")
+    run.task("w1", "worker", 1, FIT_JOB_V1="1")
+
+    def global_step(name):
+        seen = re.findall(r"\(global (\d+)\)", run.log(name))
+        return int(seen[-1]) if seen else -1
+
+    wait_until(lambda: global_step("w1") >= 10, 200, "worker 1 to reach global step 10")
+    kill_tree(run.p["w1"].pid)
+    # Without worker 1 (and no backup), the chief stalls and says who is missing.
+    wait_until(lambda: re.search(r"not yet from worker:1 \(last step", run.log("w0")), 60,
+               "the chief to report that worker:1 is missing")
+    run.task("w1b", "worker", 1, FIT_JOB_V1="1")
+
+    wait_until(lambda: global_step("w0") >= 50, 200, "the chief to reach global step 50")
+    kill_tree(run.p["w0"].pid)
+    wait_until(lambda: re.search(r"worker:1 has waited \d+s on sync step \d+", run.log("w1b")), 60,
+               "worker 1 to report that it waits")
+    run.task("w0b", "worker", 0, FIT_JOB_V1="1")
+
+    codes = run.wait_all(240, names=["w0b", "w1b", "ps"])
+    assert codes == {"w0b": 0, "w1b": 0, "ps": 0}, run.tails(codes)
+    # The restarted chief resumed from its last checkpoint and went on from there.
+    restored = int(re.search(r"restored the model from \S*model\.ckpt-(\d+)", run.log("w0b")).group(1))
+    assert restored >= 40
+    assert re.search(rf"worker:0 first step done .* global step {restored + 1}\b", run.log("w0b"))
+    assert run.result("worker0")["global_step"] == steps
+    assert run.result("worker1")["global_step"] == steps
+    assert "every trainer is done" in run.log("ps")

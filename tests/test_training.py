@@ -1,0 +1,181 @@
+"""fit / evaluate / predict in one process, the model_fn contract, loss scaling, strategy binding.
+
+The multi-process parameter-server behaviour is in test_ps_training.py.
+"""
+
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+tf1 = tf.compat.v1
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _fit_job as job  # noqa: E402
+
+from tfcluster import Cluster, SpecError  # noqa: E402
+from tfcluster.placement import SYNC_STATE_COLLECTION, placement_report  # noqa: E402
+from tfcluster.strategies import (InputContext, LocalStrategy, ModelFnError, ModelOutput,  # noqa: E402
+                                  ParameterServerStrategy, ReplicaContext, get, replica_loss)
+from tfcluster.train import DONE_MARKER, evaluate, fit, predict, read_done_marker  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return job.make_data(str(tmp_path_factory.mktemp("data") / "data.npz"))
+
+
+def sgd():
+    return tf1.train.GradientDescentOptimizer(0.5)
+
+
+def local_fit(data, ckpt, steps, batch=32, **kw):
+    return fit(job.make_model_fn(data), job.make_input_fn(data), optimizer=sgd, steps=steps, batch_size=batch,
+               checkpoint_dir=str(ckpt), save_checkpoint_secs=None, log_every_secs=60, **kw)
+
+
+def checkpoint_weights(path):
+    r = tf.train.load_checkpoint(str(path))
+    return {k: r.get_tensor(k) for k in job.NAMES}
+
+
+# ------------------------------------------------------------- loss scaling
+def scaled(per_example, ctx, reg=0.0):
+    g = tf1.Graph()
+    with g.as_default():
+        out = ModelOutput(per_example_loss=tf.constant(per_example), regularization_loss=tf.constant(reg))
+        s, m = replica_loss(out, ctx)
+        with tf1.Session() as sess:
+            return sess.run([s, m])
+
+
+def test_the_loss_is_summed_over_the_replica_and_divided_by_the_global_batch():
+    s, m = scaled([1.0, 2.0, 3.0, 4.0], ReplicaContext(num_replicas=2, per_replica_batch=4), reg=1.0)
+    assert s == pytest.approx(10.0 / 8 + 1.0 / 2)   # sum / (4 x 2) + regularisation / replicas
+    assert m == pytest.approx(2.5 + 1.0)            # the replica's own mean, for progress lines
+
+
+def test_without_a_known_batch_size_the_global_batch_comes_from_the_actual_batch():
+    s, _ = scaled([1.0, 2.0, 3.0], ReplicaContext(num_replicas=3))
+    assert s == pytest.approx(6.0 / 9)
+
+
+def test_a_scalar_loss_is_refused_with_a_message_that_says_what_to_return(data, tmp_path):
+    def mean_loss_model(features, labels, mode):
+        out = job.make_model_fn(data)(features, labels, mode)
+        return ModelOutput(predictions=out.predictions, per_example_loss=tf.reduce_mean(out.per_example_loss))
+    with pytest.raises(ModelFnError, match="per example"):
+        fit(mean_loss_model, job.make_input_fn(data), optimizer=sgd, steps=1, batch_size=8)
+
+
+def test_model_fn_must_return_model_output(data):
+    with pytest.raises(ModelFnError, match="ModelOutput"):
+        fit(lambda f, l, m: {"loss": 1}, job.make_input_fn(data), optimizer=sgd, steps=1, batch_size=8)
+
+
+# ------------------------------------------------------------ local training
+def test_one_process_fit_matches_a_hand_written_tf1_loop(data, tmp_path):
+    result = local_fit(data, tmp_path, steps=20, batch=32)
+    assert result.global_step == 20 and result.local_steps == 20
+    got = checkpoint_weights(result.checkpoint)
+    want = job.reference_weights(data, steps=20, batch=32)
+    for k in job.NAMES:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert not math.isnan(result.loss)
+
+
+def test_evaluate_and_predict_restore_the_checkpoint_in_a_plain_graph(data, tmp_path):
+    local_fit(data, tmp_path, steps=30)
+    weights = checkpoint_weights(tf.train.latest_checkpoint(str(tmp_path)))
+    x, y = data["x"], data["y"]
+    metrics = evaluate(job.make_model_fn(data), job.make_eval_input_fn(data), str(tmp_path))
+    assert metrics["global_step"] == 30
+    assert metrics["loss"] == pytest.approx(job.mean_loss(weights, x, y), rel=1e-4)
+    assert metrics["accuracy"] == pytest.approx(np.mean(job.forward(weights, x).argmax(1) == y))
+    preds = predict(job.make_model_fn(data), lambda ctx: tf.data.Dataset.from_tensor_slices(x).batch(100),
+                    str(tmp_path))
+    np.testing.assert_allclose(preds["logits"], job.forward(weights, x), rtol=1e-4, atol=1e-5)
+    assert preds["class"].shape == (len(x),)
+
+
+def test_fit_resumes_from_the_latest_checkpoint_and_writes_the_done_marker(data, tmp_path):
+    local_fit(data, tmp_path, steps=10)
+    again = local_fit(data, tmp_path, steps=25)
+    assert (again.global_step, again.local_steps) == (25, 15)
+    marker = read_done_marker(str(tmp_path))
+    assert marker["global_step"] == 25 and marker["checkpoint"].endswith("model.ckpt-25")
+    assert os.path.exists(os.path.join(tmp_path, DONE_MARKER))
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path))
+
+
+def test_a_finished_run_trains_no_further(data, tmp_path):
+    local_fit(data, tmp_path, steps=5)
+    assert local_fit(data, tmp_path, steps=5).local_steps == 0
+
+
+def test_evaluate_names_a_missing_checkpoint(data, tmp_path):
+    with pytest.raises(SpecError, match="no checkpoint"):
+        evaluate(job.make_model_fn(data), job.make_eval_input_fn(data), str(tmp_path))
+
+
+# --------------------------------------------------------- strategy binding
+TWO_WORKERS = {"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]}
+
+
+def test_strategies_are_found_by_name():
+    assert isinstance(get("local"), LocalStrategy)
+    assert get("sync").mode == "sync" and get("async").mode == "async"
+    with pytest.raises(SpecError, match="unknown strategy"):
+        get("allreduce-please")
+
+
+def test_a_ps_strategy_refuses_a_cluster_without_ps_and_bad_replica_counts():
+    with pytest.raises(SpecError, match="needs a cluster with ps"):
+        ParameterServerStrategy("sync").bind(Cluster({"worker": ["localhost:1"]}, ("worker", 0)))
+    with pytest.raises(SpecError, match="between 1 and the 2"):
+        ParameterServerStrategy("sync", replicas_to_aggregate=3).bind(Cluster(TWO_WORKERS, ("worker", 0)))
+    with pytest.raises(SpecError, match="mode"):
+        ParameterServerStrategy("eventual")
+    with pytest.raises(SpecError, match="chief and worker"):
+        ParameterServerStrategy("async").bind(Cluster(TWO_WORKERS, ("ps", 0)))
+
+
+def test_each_worker_reads_its_own_shard_at_the_per_replica_batch():
+    s = ParameterServerStrategy("sync").bind(Cluster(TWO_WORKERS, ("worker", 1)))
+    ctx = s.input_context(16)
+    assert ctx == InputContext(num_input_pipelines=2, input_pipeline_id=1, per_replica_batch=16,
+                               num_replicas_in_sync=2)
+    assert ctx.global_batch == 32
+    with tf1.Graph().as_default(), tf1.Session() as sess:
+        got = sess.run(tf1.data.make_one_shot_iterator(ctx.shard(tf.data.Dataset.range(6)).batch(6)).get_next())
+    assert list(got) == [1, 3, 5]
+
+
+def test_backup_workers_make_the_global_batch_of_the_aggregated_replicas_only():
+    three = {"worker": ["localhost:1", "localhost:2", "localhost:4"], "ps": ["localhost:3"]}
+    s = ParameterServerStrategy("sync", replicas_to_aggregate=2).bind(Cluster(three, ("worker", 2)))
+    assert (s.num_replicas_in_sync, s.num_workers, s.worker_index) == (2, 3, 2)
+    assert ParameterServerStrategy("async").bind(Cluster(three, ("worker", 0))).num_replicas_in_sync == 3
+
+
+def test_sync_state_sits_beside_each_variable_and_stays_out_of_checkpoints(data):
+    two_ps = dict(TWO_WORKERS, ps=["localhost:3", "localhost:5"])
+    s = ParameterServerStrategy("sync").bind(Cluster(two_ps, ("worker", 0)))
+    g = tf1.Graph()
+    with g.as_default():
+        with s.input_scope():
+            it = tf1.data.make_one_shot_iterator(job.make_input_fn(data)(s.input_context(8)))
+        tg = s.build(job.make_model_fn(data), it.get_next, sgd, 8)
+        saver_vars = {v.op.name for v in tf1.global_variables()}
+        report = placement_report(g)
+    state = g.get_collection(SYNC_STATE_COLLECTION)
+    assert {v.op.name for v in state}.isdisjoint(saver_vars)
+    by_name = {r.name: r.device for r in report.records}
+    for name in job.NAMES:  # one slot per worker, on the variable's own ps
+        assert by_name[f"tfcluster_sync/{name}/grad_0"] == by_name[name]
+        assert by_name[f"tfcluster_sync/{name}/grad_1"] == by_name[name]
+    assert {by_name[n] for n in job.NAMES} == {"/job:ps/task:0", "/job:ps/task:1"}
+    assert len(tg.chief_local_init_ops) == len(state) - 2 + 1  # slots if missing, then reset stamps + wake
