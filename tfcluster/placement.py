@@ -25,6 +25,10 @@ PS_OPS = ("Variable", "VariableV2", "AutoReloadVariable", "VarHandleOp",
 #: not part of the model (sync gradient slots, stamps); never checkpointed.
 SYNC_STATE_COLLECTION = "tfcluster_sync_state"
 
+#: Graph collection of the towers' copies of variables (mirrored towers):
+#: local, refreshed after each update, never checkpointed.
+REPLICA_COLLECTION = "tfcluster_replicas"
+
 
 def _op_bytes(op) -> int:
     """Bytes a variable op will hold, from its shape and dtype attrs (0 if unknown)."""
@@ -221,14 +225,18 @@ def placement_report(graph=None, variables=None, devices: Sequence[str] = ()) ->
     """Report where the variables of ``graph`` (default graph) were placed.
 
     By default it covers the model's global variables plus tfcluster's own
-    per-worker sync state, which also occupies ps memory.
+    per-worker sync state, which also occupies ps memory, and the towers'
+    copies of the variables.
     """
     import tensorflow as tf
     tf1 = tf.compat.v1
     g = graph or tf1.get_default_graph()
     if variables is None:
         variables = list(g.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
-        variables += [v for v in g.get_collection(SYNC_STATE_COLLECTION) if v not in variables]
+        for key in (SYNC_STATE_COLLECTION, REPLICA_COLLECTION):
+            # By identity: `in` would call Variable.__eq__, elementwise (and failing) when eager is on.
+            seen = {id(v) for v in variables}
+            variables += [v for v in g.get_collection(key) if id(v) not in seen]
     records = []
     for v in variables:
         shape = tuple(int(s) if s is not None else -1 for s in v.shape.as_list()) if v.shape.rank is not None else ()

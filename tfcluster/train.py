@@ -186,7 +186,8 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: int, strate
 
     server = None
     if cluster is not None:
-        server = start_server(cluster)
+        # The strategy may need more of the server (virtual devices for towers, a collective group leader).
+        server = start_server(cluster, config=strategy.configure(cluster.session_config()))
         wait_for_cluster(cluster, timeout=startup_timeout)
     if is_chief and checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
@@ -217,8 +218,10 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: int, strate
                 summary_op = tf1.summary.merge_all()
         report = placement_report(graph, devices=strategy.placement_devices())
         target = server.target if server is not None else ""
-        config = cluster.session_config() if cluster is not None else _local_config()
-        session = TrainingSession(train_graph, target=target, config=config, is_chief=is_chief, saver=saver,
+        config = strategy.configure(cluster.session_config() if cluster is not None else _local_config())
+        # A strategy whose workers each own a copy (collective) initialises on every worker.
+        session = TrainingSession(train_graph, target=target, config=config, is_chief=strategy.should_init,
+                                  saver=saver,
                                   checkpoint_dir=checkpoint_dir, extra_local_init=[iterator.initializer],
                                   cluster=cluster, name=name, startup_timeout=startup_timeout,
                                   max_recoveries=max_recoveries, summary_op=summary_op)
@@ -238,9 +241,10 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: int, strate
         writer = tf1.summary.FileWriter(checkpoint_dir) if is_chief and checkpoint_dir else None
         try:
             session.create()
+            # Examples per step of this process: one batch per replica it hosts (towers).
             result = _train_loop(session, read_step, steps, name, is_chief, saver, writer, checkpoint_dir,
                                  save_checkpoint_steps, save_checkpoint_secs, summary_steps, log_every_secs,
-                                 batch_size, started)
+                                 (batch_size or 0) * strategy.replicas_per_worker, started)
             session.end()
         finally:
             if writer is not None:

@@ -247,6 +247,7 @@ class Strategy(abc.ABC):
 
     def __init__(self):
         self.cluster = None
+        self.towers = None      # a mirrored.Towers when replicas run on several devices of each worker
 
     def bind(self, cluster) -> "Strategy":
         """Attach to ``cluster`` (None for a single process) and check that it fits; returns self."""
@@ -283,7 +284,27 @@ class Strategy(abc.ABC):
     @property
     def replicas_per_worker(self) -> int:
         """Replicas (towers) inside one training process."""
-        return 1
+        return 1 if self.towers is None else self.towers.count
+
+    def with_towers(self, devices) -> "Strategy":
+        """Run one replica per local device inside each worker (see :mod:`.mirrored`); returns self.
+
+        ``devices``: a number (GPUs if present, else virtual CPU devices) or a
+        list of device names. The towers' gradients are summed in the worker
+        before this strategy combines them across workers.
+        """
+        from .mirrored import Towers
+        self.towers = Towers(devices)
+        return self
+
+    def configure(self, config):
+        """Adjust this process's ConfigProto (server and session) for the strategy; returns it."""
+        return config if self.towers is None else self.towers.configure(config)
+
+    @property
+    def should_init(self) -> bool:
+        """True when this process initialises (or restores) its variables: the chief, unless each worker owns a copy."""
+        return self.is_chief
 
     def input_context(self, per_replica_batch: Optional[int] = None) -> InputContext:
         """The InputContext this worker's input_fn gets."""
@@ -327,8 +348,11 @@ def build_single_replica(strategy: Strategy, model_fn, next_batch, optimizer, pe
     """The part every one-replica-per-worker strategy shares.
 
     Returns ``(global_step, optimizer, model_output, mean_loss, grads_and_vars, update_ops)``;
-    ``update_ops`` (batch-norm statistics and the like) must run with the train op.
+    ``update_ops`` (batch-norm statistics and the like) must run with the train op. With
+    ``strategy.towers`` the replica is one per local device, their gradients summed.
     """
+    if strategy.towers is not None:
+        return strategy.towers.build(strategy, model_fn, next_batch, optimizer, per_replica_batch).as_tuple()
     import tensorflow as tf
     tf1 = tf.compat.v1
     global_step = tf1.train.get_or_create_global_step()

@@ -1,0 +1,334 @@
+"""Collective all-reduce between graphs: every worker holds a full copy, no ps (mission item 5).
+
+This is what MultiWorkerMirroredStrategy (CollectiveAllReduceStrategy) does,
+here in graph mode on TF 2.21. Every worker builds the same graph with its own
+copy of the variables on its own CPU. Each step it computes its gradients
+(summed over its towers, if it has several devices), all-reduces them with
+the other workers through one ``CollectiveReduceV2`` per dtype (the gradients
+flattened into one vector), and applies the sum: every loss is already scaled
+to the global batch, so the sum is the gradient of the global batch's mean
+loss, and every worker applies the same update.
+
+How the pieces fit in graph mode:
+
+- The collective group leader (the chief, else worker 0) must be in the
+  *server's* ConfigProto (``experimental.collective_group_leader``); on TF
+  2.21 a session config alone leaves the group unformed and the first
+  collective times out. :meth:`configure` sets both.
+- Device filters stay at this task alone, as TensorFlow's own collective
+  strategy sets them: collectives talk worker-to-worker outside the session
+  master, so no session waits for a peer, and a slow or missing worker can
+  only stall the collectives, whose waits are bounded (``timeout_secs``).
+- Every worker initialises its own copy, then the weights (and optimizer
+  state and global step) are broadcast from worker 0 with
+  ``CollectiveBcastSendV2/RecvV2`` at each session start, so all copies start
+  identical whether the chief initialised or restored them.
+- Worker 0 (the chief) alone writes checkpoints and summaries. There is no
+  ps to tell when training ends: every worker reaches the last step together
+  and exits. At the end the workers all-gather a checksum of every variable
+  and fail loudly if any copy differs (``check_copies``).
+
+A collective that fails (a peer died, or timed out) aborts the process's
+collective executor for good ("Restart your program to reset"), so such a
+failure is not retried in-process: it raises :class:`CollectiveError`,
+naming the peers that do not answer. Restarting every worker resumes from the
+chief's last checkpoint.
+"""
+
+import itertools
+import logging
+from typing import Optional
+
+from ..errors import SpecError, TfclusterError
+from .base import Hook, StepRunner, Strategy, TrainGraph, build_single_replica, global_step_after
+from .mirrored import Towers
+
+log = logging.getLogger("tfcluster")
+
+#: Group key of the one collective group (every trainer of the cluster).
+GROUP_KEY = 1
+
+
+def _sendable(v) -> bool:
+    """True for a variable whose dtype collective broadcast and the checksum handle."""
+    import tensorflow as tf
+    return v.dtype.base_dtype in (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+
+class CollectiveError(TfclusterError):
+    """A collective op failed or timed out; the message names the peers that do not answer."""
+
+    exit_code = 3
+
+
+class CollectiveAllReduceStrategy(Strategy):
+    """Between-graph data parallelism with collective all-reduce: each worker holds a full copy, no ps.
+
+    ``devices``: towers inside each worker (see :class:`~.mirrored.Towers`;
+    None: one replica on the worker's CPU). ``timeout_secs`` bounds every
+    collective of a training step; ``startup_timeout_secs`` bounds the first
+    one (waiting for the other workers to start). ``check_copies`` compares
+    every worker's variables (by checksum) when training ends.
+    """
+
+    name = "collective"
+
+    def __init__(self, devices=None, timeout_secs: float = 300.0, startup_timeout_secs: float = 300.0,
+                 check_copies: bool = True):
+        super().__init__()
+        for what, secs in (("timeout_secs", timeout_secs), ("startup_timeout_secs", startup_timeout_secs)):
+            if not secs or secs <= 0:
+                raise SpecError(f"{what} must be > 0, got {secs!r}")
+        self.towers = Towers(devices) if devices is not None else None
+        self.timeout_secs = float(timeout_secs)
+        self.startup_timeout_secs = float(startup_timeout_secs)
+        self.check_copies = check_copies
+
+    # ------------------------------------------------------------- binding
+    def bind(self, cluster) -> "CollectiveAllReduceStrategy":
+        """Check that ``cluster`` has no ps and that this task trains (None: one worker, towers only)."""
+        if cluster is not None:
+            if cluster.num_tasks("ps"):
+                raise SpecError("the collective strategy uses no ps tasks; start the cluster without them "
+                                "(tfcluster local --ps 0 --workers 2)")
+            if cluster.task is None or cluster.task.job not in ("chief", "worker"):
+                raise SpecError(f"the collective strategy runs on chief and worker tasks, not on {cluster.task}")
+        self.cluster = cluster
+        if self.towers is not None:
+            self.towers.local_devices  # resolve (and check) the devices now
+        return self
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Every replica of every worker."""
+        return self.num_workers * self.replicas_per_worker
+
+    @property
+    def should_init(self) -> bool:
+        """Every worker initialises its own copy; the broadcast then makes them worker 0's."""
+        return True
+
+    @property
+    def peers(self) -> list:
+        """Every trainer of the cluster, chief first (the collective group)."""
+        return [] if self.cluster is None else self.cluster.tasks(("chief", "worker"))
+
+    @property
+    def leader(self) -> Optional[str]:
+        """The collective group leader's device (the chief, else worker 0)."""
+        if not self.peers:
+            return None
+        t = self.peers[0]
+        return f"/job:{t.job}/replica:0/task:{t.index}"
+
+    @property
+    def host(self) -> str:
+        """This worker's CPU: its copy of the variables, its input, its all-reduce."""
+        return (self.worker_device or "") + "/device:CPU:0"
+
+    def configure(self, config):
+        """Towers' devices, the group leader, and device filters of this task alone (see the module doc)."""
+        config = super().configure(config)
+        if self.cluster is not None:
+            config.experimental.collective_group_leader = self.leader
+            del config.device_filters[:]
+            config.device_filters.append(self.task.device)
+        return config
+
+    def scope(self):
+        """This worker's copy of the variables lives on its own CPU."""
+        import tensorflow as tf
+        return tf.compat.v1.device(self.host)
+
+    def input_scope(self):
+        """The input pipeline runs on this worker's CPU."""
+        import tensorflow as tf
+        return tf.compat.v1.device(self.host)
+
+    def placement_devices(self) -> list:
+        """This worker (the report groups devices by task; the towers hold no variables)."""
+        return [self.worker_device] if self.worker_device else []
+
+    def describe(self) -> str:
+        """e.g. ``collective: 2 workers, all-reduce, 2 tower(s) on ... per worker``."""
+        towers = f", {self.towers.describe()} per worker" if self.towers is not None else ""
+        return f"{self.name}: {self.num_workers} worker(s), gradients all-reduced, no ps{towers}"
+
+    # ------------------------------------------------------------- building
+    def build(self, model_fn, next_batch, optimizer, per_replica_batch=None) -> TrainGraph:
+        """This worker's replica(s), the all-reduce of their gradients, one update; broadcast and check."""
+        import tensorflow as tf
+        tf1 = tf.compat.v1
+        self._keys = itertools.count(1)
+        with self.scope():
+            gs, opt, out, mean, grads, update_ops = build_single_replica(self, model_fn, next_batch, optimizer,
+                                                                         per_replica_batch)
+            if self.num_workers > 1:
+                with tf1.name_scope("tfcluster_allreduce"):
+                    grads = self._all_reduce(grads)
+            with tf.control_dependencies([mean]):
+                train = opt.apply_gradients(grads, global_step=gs)
+            fetch = global_step_after([train] + update_ops, gs)
+            hooks = []
+            if self.num_workers > 1:
+                state = [v for v in tf1.global_variables() if _sendable(v)]
+                skipped = [v.op.name for v in tf1.global_variables() if not _sendable(v)]
+                if skipped:
+                    log.warning("variables of a type collectives cannot send stay per-worker: %s", ", ".join(skipped))
+                with tf1.name_scope("tfcluster_broadcast"):
+                    broadcast = self._broadcast(state)
+                check = None
+                if self.check_copies:
+                    with tf1.name_scope("tfcluster_check_copies"):
+                        check = self._gather_checksums(state)
+                hooks.append(_CopiesHook(self, broadcast, check, [v.op.name for v in state]))
+        runner = _CollectiveRunner(self, fetch, mean) if self.num_workers > 1 else StepRunner(fetch, mean)
+        return TrainGraph(runner, gs, mean, hooks=hooks, model=out)
+
+    def _collective_args(self, timeout):
+        import tensorflow as tf
+        return dict(group_size=tf.constant(self.num_workers), group_key=tf.constant(GROUP_KEY),
+                    instance_key=tf.constant(next(self._keys)), communication_hint="auto",
+                    timeout_seconds=float(timeout))
+
+    @staticmethod
+    def _by_dtype(tensors):
+        groups = {}
+        for i, t in enumerate(tensors):
+            groups.setdefault(t.dtype.base_dtype, []).append(i)
+        return groups
+
+    def _all_reduce(self, grads):
+        """Sum every worker's gradients: one CollectiveReduceV2 per dtype over the flattened gradients."""
+        import tensorflow as tf
+        dense = [tf.convert_to_tensor(g) for g, _ in grads]  # IndexedSlices travel dense
+        out = [None] * len(dense)
+        for dtype, idx in self._by_dtype(dense).items():
+            flat = tf.concat([tf.reshape(dense[i], [-1]) for i in idx], 0)
+            total = tf.raw_ops.CollectiveReduceV2(input=flat, ordering_token=[], merge_op="Add", final_op="Id",
+                                                  **self._collective_args(self.timeout_secs))
+            parts = tf.split(total, [dense[i].shape.num_elements() for i in idx])
+            for i, part in zip(idx, parts):
+                out[i] = tf.reshape(part, tf.shape(dense[i]))
+        return [(g, v) for g, (_, v) in zip(out, grads)]
+
+    def _broadcast(self, variables):
+        """Worker 0 sends every variable, the others receive and assign: one broadcast per dtype."""
+        import tensorflow as tf
+        assigns = []
+        for dtype, idx in self._by_dtype(variables).items():
+            args = self._collective_args(self.startup_timeout_secs)
+            sizes = [variables[i].shape.num_elements() for i in idx]
+            if self.worker_index == 0:
+                flat = tf.concat([tf.reshape(variables[i].read_value(), [-1]) for i in idx], 0)
+                assigns.append(tf.raw_ops.CollectiveBcastSendV2(input=flat, **args).op)
+                continue
+            flat = tf.raw_ops.CollectiveBcastRecvV2(shape=tf.constant([sum(sizes)]), T=dtype, **args)
+            for i, part in zip(idx, tf.split(flat, sizes)):
+                v = variables[i]
+                assigns.append(v.assign(tf.reshape(part, v.shape), read_value=False))
+        return tf.group(*assigns, name="broadcast_from_worker_0")
+
+    def _gather_checksums(self, variables):
+        """Every worker's checksum of every variable: ``[workers x variables]`` int64, exact (bit patterns)."""
+        import tensorflow as tf
+        sums = []
+        for v in variables:
+            value = tf.reshape(v.read_value(), [-1])
+            width = {2: tf.uint16, 4: tf.uint32, 8: tf.uint32}[v.dtype.base_dtype.size]
+            bits = tf.reshape(tf.bitcast(value, width), [-1])
+            words = tf.cast(bits, tf.int64)
+            # Weighting by position catches two swapped elements, which a plain sum would miss.
+            weights = tf.cast(tf.range(tf.size(words)) % 8191 + 1, tf.int64)
+            sums.append(tf.reduce_sum(words * weights))
+        mine = tf.stack(sums)
+        gathered = tf.raw_ops.CollectiveGatherV2(input=mine, ordering_token=[],
+                                                 **self._collective_args(self.timeout_secs))
+        return tf.reshape(gathered, [self.num_workers, len(variables)])
+
+    # ------------------------------------------------------------- failures
+    def failure(self, error, what: str, waited_for: float) -> CollectiveError:
+        """A CollectiveError for ``error`` during ``what``, naming the peers that do not answer."""
+        from ..server import probe
+        me = self.task
+        others = [t for t in self.peers if t != me]
+        states = probe(self.cluster, others, timeout=1.0) if others else {}
+        down = [f"{t} at {self.cluster.address(t)}" for t, s in states.items() if s != "up"]
+        first = (getattr(error, "message", None) or str(error)).strip().splitlines()
+        first = next((line for line in first if "ollective" in line), first[0] if first else type(error).__name__)
+        who = (f"{', '.join(down)} do(es) not answer" if down else
+               f"every worker answers, so one is stuck or slower than the {waited_for:g}s timeout")
+        return CollectiveError(
+            f"{me}: the all-reduce group failed during {what} ({type(error).__name__}: {first.strip()}); {who}. "
+            "Collectives cannot resume in a running process: restart every worker (they resume from the "
+            "chief's last checkpoint)")
+
+
+def _is_collective_failure(e) -> bool:
+    import tensorflow as tf
+    if isinstance(e, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError,
+                      tf.errors.CancelledError)):
+        return True
+    return isinstance(e, tf.errors.OpError) and "ollective" in str(e)
+
+
+class _CollectiveRunner(StepRunner):
+    """A plain step whose collective failures become one clear CollectiveError (never retried)."""
+
+    def __init__(self, strategy, train_fetch, loss):
+        super().__init__(train_fetch, loss)
+        self.strategy = strategy
+        self.steps_done = 0
+
+    def step(self, with_extra: bool = False):
+        """One step; a failed or timed-out all-reduce raises CollectiveError."""
+        try:
+            result = super().step(with_extra)
+        except Exception as e:
+            if not _is_collective_failure(e):
+                raise
+            raise self.strategy.failure(e, f"training step {self.steps_done + 1} of this worker",
+                                        self.strategy.timeout_secs) from None
+        self.steps_done += 1
+        return result
+
+
+class _CopiesHook(Hook):
+    """Broadcast worker 0's variables at each session start; compare every copy's checksums at the end."""
+
+    def __init__(self, strategy, broadcast, check, names):
+        self.s, self.broadcast, self.check, self.names = strategy, broadcast, check, names
+
+    def after_create_session(self, session, restored: bool):
+        """Wait (bounded) for every worker to join, then take worker 0's variables."""
+        s = self.s
+        log.info("%s joins the all-reduce group of %d workers (leader %s; waits up to %gs for them)", s.task,
+                 s.num_workers, s.leader, s.startup_timeout_secs)
+        try:
+            session.run(self.broadcast)
+        except Exception as e:
+            if not _is_collective_failure(e):
+                raise
+            raise s.failure(e, "the start (broadcast of worker 0's variables)", s.startup_timeout_secs) from None
+        if s.worker_index == 0:
+            log.info("%s sent its %d variables to the other %d worker(s)", s.task, len(self.names), s.num_workers - 1)
+        else:
+            log.info("%s holds worker 0's variables (%d received)", s.task, len(self.names))
+
+    def end(self, session):
+        """Fail loudly if the workers' copies are not identical."""
+        if self.check is None:
+            return
+        s = self.s
+        try:
+            table = session.run(self.check)
+        except Exception as e:
+            if not _is_collective_failure(e):
+                raise
+            raise s.failure(e, "the final comparison of the copies", s.timeout_secs) from None
+        differ = [n for j, n in enumerate(self.names) if len(set(int(x) for x in table[:, j])) > 1]
+        if differ:
+            raise CollectiveError(f"{s.task}: the workers' copies differ after training in {len(differ)} "
+                                  f"variable(s): {', '.join(differ[:5])}")
+        log.info("%s: all %d workers hold identical variables (%d compared by checksum)", s.task, s.num_workers,
+                 len(self.names))
