@@ -179,3 +179,22 @@ def test_sync_state_sits_beside_each_variable_and_stays_out_of_checkpoints(data)
         assert by_name[f"tfcluster_sync/{name}/grad_1"] == by_name[name]
     assert {by_name[n] for n in job.NAMES} == {"/job:ps/task:0", "/job:ps/task:1"}
     assert len(tg.chief_local_init_ops) == len(state) - 2 + 1  # slots if missing, then reset stamps + wake
+
+
+# ------------------------------------------------------------ pitfall 15
+def test_a_step_falsely_rejected_as_a_duplicate_is_rerun_and_other_aborts_are_not(caplog):
+    from tfcluster.strategies.base import rerun_false_duplicates
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise tf.errors.AbortedError(None, None, "The same RunGraph (Worker) request was received twice.")
+        return "ran"
+    assert rerun_false_duplicates(flaky) == "ran" and len(calls) == 2
+    assert "running it again" in caplog.text
+
+    def preempted():
+        raise tf.errors.AbortedError(None, None, "Session handle is not found")
+    with pytest.raises(tf.errors.AbortedError, match="handle"):
+        rerun_false_duplicates(preempted)

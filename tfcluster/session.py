@@ -21,6 +21,7 @@ from typing import Optional
 
 from .errors import ClusterUnreachableError, TfclusterError
 from .server import wait_for_cluster
+from .strategies.base import rerun_false_duplicates
 
 log = logging.getLogger("tfcluster")
 
@@ -44,6 +45,7 @@ def recoverable(e: BaseException) -> bool:
     """True for the errors a lost task causes: Aborted, Unavailable, and variables gone with a ps."""
     import tensorflow as tf
     if isinstance(e, (tf.errors.AbortedError, tf.errors.UnavailableError)):
+        # (a false "received twice" lands here only after its reruns failed too)
         return True
     # A ps that came back empty: its variables are uninitialised until the chief restores them.
     return isinstance(e, tf.errors.FailedPreconditionError) and "uninitialized" in str(e).lower()
@@ -178,7 +180,7 @@ class TrainingSession:
         """``fn(session)`` with the same recovery as a step."""
         while True:
             try:
-                return fn(self.session)
+                return rerun_false_duplicates(fn, self.session)
             except Exception as e:
                 if not recoverable(e):
                     raise

@@ -161,6 +161,36 @@ def compute_gradients(optimizer, scaled_loss, var_list=None):
 
 
 # ------------------------------------------------------------------ stepping
+#: The text of TF 2.21's false-duplicate abort (pitfalls item 15).
+DUPLICATE_MARK = "request was received twice"
+
+
+def is_false_duplicate(error) -> bool:
+    """True for TF's ``AbortedError: The same RunGraph request was received twice``.
+
+    TF 2.21 draws RunGraph request ids from a generator seeded with 32 bits
+    per step thread, so about one step in 43,000 collides with one of the
+    100,000 ids a worker remembers and is rejected before it runs, although
+    nothing was sent twice (see ``scripts/repro_request_twice.py``). It is no
+    preemption: the step is rerun, not the session recreated from a checkpoint.
+    """
+    import tensorflow as tf
+    return isinstance(error, tf.errors.AbortedError) and DUPLICATE_MARK in str(error)
+
+
+def rerun_false_duplicates(fn, *args, attempts: int = 5, **kwargs):
+    """``fn(*args, **kwargs)``, run again (up to ``attempts`` times) when TF rejects it as a false duplicate."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if attempt == attempts or not is_false_duplicate(e):
+                raise
+            log.warning("TF rejected a step as a duplicate request although it was sent once "
+                        "(TF 2.21's 32-bit request ids, pitfalls item 15); running it again (attempt %d of %d)",
+                        attempt + 1, attempts)
+
+
 @dataclass
 class StepResult:
     """One step as the loop sees it: the global step after it, this replica's loss, extras."""
@@ -191,10 +221,13 @@ class StepRunner:
 
     def step(self, with_extra: bool = False) -> StepResult:
         """Run one step; fetch the extra (a summary) along when asked."""
+        # A step that TF falsely rejects ran nowhere but, with several ps, perhaps in
+        # part on another ps: an async update is then applied partly twice, which
+        # async training absorbs like any stale gradient.
         if with_extra and self._run_extra is not None:
-            gs, loss, extra = self._run_extra()
+            gs, loss, extra = rerun_false_duplicates(self._run_extra)
             return StepResult(int(gs), float(loss), extra)
-        gs, loss = self._run()
+        gs, loss = rerun_false_duplicates(self._run)
         return StepResult(int(gs), float(loss))
 
 

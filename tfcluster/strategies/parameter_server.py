@@ -42,7 +42,7 @@ from typing import Optional
 from ..errors import SpecError, TfclusterError
 from ..placement import SYNC_STATE_COLLECTION, ByteBalancedSetter, partition_big_variables
 from .base import (StepResult, StepRunner, Strategy, TrainGraph, build_single_replica,
-                   global_step_after)
+                   global_step_after, is_false_duplicate, rerun_false_duplicates)
 
 log = logging.getLogger("tfcluster")
 
@@ -348,8 +348,14 @@ class _SyncBuilder:
         stamped, step = self._push(deps=self.update_ops)
         count = self._wait_for_gradients(step, deps=[stamped])
         with tf1.device(self.worker):
-            retry = self._wait_for_gradients(self.local_step.read_value())
-        return _SyncRunner(self, chief=True, first=count, retry=retry, apply=self._apply())
+            # Both waits return the step they waited for.
+            with tf.control_dependencies([count]):
+                first = tf.identity(step)
+            waiting_for = self.local_step.read_value()
+            with tf.control_dependencies([self._wait_for_gradients(waiting_for)]):
+                retry = tf.identity(waiting_for)
+            settle = self.local_step.assign(self._read_gs(), read_value=True)
+        return _SyncRunner(self, chief=True, first=first, retry=retry, apply=self._apply(), settle=settle)
 
     def _build_worker(self):
         tf, tf1 = self.tf, self.tf1
@@ -365,8 +371,9 @@ class _SyncBuilder:
 class _SyncRunner(StepRunner):
     """One sync step: chief = push+wait, then apply; worker = push+wait. Waits time out into stall reports."""
 
-    def __init__(self, b: _SyncBuilder, chief: bool, first, retry, apply=None):
+    def __init__(self, b: _SyncBuilder, chief: bool, first, retry, apply=None, settle=None):
         super().__init__(first, b.mean)
+        self.settle = settle
         import tensorflow as tf
         self.tf = tf
         self.chief = chief
@@ -391,6 +398,7 @@ class _SyncRunner(StepRunner):
         self._retry = mk([self.retry, self.last_loss_value],
                          accept_options=True)
         self._apply = mk(self.apply) if self.chief else None
+        self._settle = mk(self.settle) if self.chief else None
         self._report = mk(self.report)
 
     def step(self, with_extra: bool = False) -> StepResult:
@@ -398,22 +406,42 @@ class _SyncRunner(StepRunner):
         started = time.monotonic()
         extra, loss = None, math.nan
         try:
+            # Pushes and waits are idempotent, so a falsely rejected one is simply rerun.
             if with_extra and self._first_extra is not None:
-                got, loss, extra = self._first_extra(options=self.options)
+                got, loss, extra = rerun_false_duplicates(self._first_extra, options=self.options)
             else:
-                got, loss = self._first(options=self.options)
+                got, loss = rerun_false_duplicates(self._first, options=self.options)
         except self.tf.errors.DeadlineExceededError:
             got, loss = self._wait(started)
         if self.chief:
-            got = self._apply()
+            got = self._apply_step(int(got))
         self.steps_done += 1
         return StepResult(int(got), float(loss), extra)
+
+    def _apply_step(self, step):
+        """Apply sync step ``step`` once, even when TF falsely rejects part of the apply."""
+        for attempt in range(1, 6):
+            try:
+                return self._apply()
+            except self.tf.errors.AbortedError as e:
+                if attempt == 5 or not is_false_duplicate(e):
+                    raise
+            # The coordinator ps either applied the step (global step moved on)
+            # or did not; only another ps's part can have been lost.
+            gs = int(rerun_false_duplicates(self._settle))
+            if gs > step:
+                log.warning("TF falsely rejected part of sync step %d as a duplicate request (pitfalls "
+                            "item 15) after the global step moved on; with several ps, some of them may "
+                            "have missed that one update", step)
+                return gs
+            log.warning("TF rejected sync step %d as a duplicate request although it was sent once "
+                        "(pitfalls item 15); applying it again (attempt %d of 5)", step, attempt + 1)
 
     def _wait(self, started):
         while True:
             self._log_stall(time.monotonic() - started)
             try:
-                return self._retry(options=self.options)
+                return rerun_false_duplicates(self._retry, options=self.options)
             except self.tf.errors.DeadlineExceededError:
                 pass
 
