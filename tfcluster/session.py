@@ -16,6 +16,8 @@ from one thread only: concurrent ``run`` calls on a gRPC target can abort with
 """
 
 import logging
+import re
+import threading
 import time
 from typing import Optional
 
@@ -24,6 +26,9 @@ from .server import wait_for_cluster
 from .strategies.base import rerun_false_duplicates
 
 log = logging.getLogger("tfcluster")
+
+#: Seconds a lost session's close may take before the recovery goes on without it.
+CLOSE_TIMEOUT = 3.0
 
 
 class RecoveryLimitError(TfclusterError):
@@ -34,11 +39,18 @@ class RecoveryLimitError(TfclusterError):
 
 def _first_line(e: BaseException) -> str:
     text = getattr(e, "message", None) or str(e)
-    for line in text.splitlines():
-        # TF decorates some messages with a ruler line first
-        if line.strip() and line.strip("=-~ ") != "":
-            return line.strip()
-    return type(e).__name__
+    # TF decorates some messages with a ruler line or a "Graph execution error:" header
+    # first, and puts the cause of a lost task on the line after "From /job:ps/...:".
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip("=-~ \t") and line.strip() != "Graph execution error:"]
+    if not lines:
+        return type(e).__name__
+    m = re.fullmatch(r"(?:[A-Z_]+: )?From (/job:\S+?):", lines[0])
+    if m and len(lines) > 1:
+        # The task that failed the call, rather than this task's master relaying it.
+        remote = re.search(r"from remote target (/job:\S+) while calling", text)
+        return f"{remote.group(1) if remote else m.group(1)}: {lines[1]}"
+    return lines[0]
 
 
 def recoverable(e: BaseException) -> bool:
@@ -193,11 +205,23 @@ class TrainingSession:
 
     def _close_quietly(self):
         if self.session is not None:
-            try:
-                self.session.close()
-            except Exception:  # closing a session whose tasks are gone may fail; nothing to do about it
-                pass
-            self.session = None
+            session, self.session = self.session, None
+
+            def close():
+                try:
+                    session.close()
+                except Exception:  # closing a session whose tasks are gone may fail; nothing to do about it
+                    pass
+            # TF's Close waits, with no timeout, for every task of the session to
+            # drop its graphs: with a ps gone it blocks until the ps is back, and
+            # forever if it never is. The recovery's own wait is bounded and says
+            # what it waits for, so the close may not block it.
+            closer = threading.Thread(target=close, name="tfcluster-session-close", daemon=True)
+            closer.start()
+            closer.join(CLOSE_TIMEOUT)
+            if closer.is_alive():
+                log.debug("%s: closing the old session did not finish in %gs (a task is gone); "
+                          "it finishes in the background", self.name, CLOSE_TIMEOUT)
 
     def close(self):
         """Close the underlying session."""
