@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -114,6 +115,21 @@ def _checkpoint_step(path) -> Optional[int]:
         return None
 
 
+def _prepare_checkpoint_dir(checkpoint_dir):
+    """Make the chief's checkpoint dir, or fail in one line before training, not at the first save."""
+    try:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        # A dir that exists may still refuse files (read-only filesystem, permissions).
+        with tempfile.TemporaryFile(dir=checkpoint_dir):
+            pass
+    except OSError as e:
+        raise TfclusterError(f"cannot write checkpoint dir {checkpoint_dir}: {e.strerror}") from None
+    try:
+        os.remove(os.path.join(checkpoint_dir, DONE_MARKER))
+    except FileNotFoundError:
+        pass
+
+
 def _write_done_marker(checkpoint_dir, global_step, checkpoint):
     tmp = os.path.join(checkpoint_dir, DONE_MARKER + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -190,11 +206,7 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: int, strate
         server = start_server(cluster, config=strategy.configure(cluster.session_config()))
         wait_for_cluster(cluster, timeout=startup_timeout)
     if is_chief and checkpoint_dir:
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        try:
-            os.remove(os.path.join(checkpoint_dir, DONE_MARKER))
-        except FileNotFoundError:
-            pass
+        _prepare_checkpoint_dir(checkpoint_dir)
 
     graph = tf1.Graph()
     with graph.as_default():
