@@ -5,6 +5,16 @@
     tfcluster local --ps 1 --workers 2 -- python examples/digits.py --mode async
     tfcluster local --ps 1 --workers 2 --evaluator -- python examples/digits.py --mode sync
 
+Several devices in one process (towers; virtual CPU devices when there are no GPUs):
+
+    python examples/digits.py --mode mirrored --devices 2       # a copy of the model per device
+    python examples/digits.py --mode central --devices 2        # variables on the CPU, towers compute
+
+All-reduce between workers, no parameter server (and towers inside each worker, if --devices):
+
+    tfcluster local --ps 0 --workers 2 -- python examples/digits.py --mode collective
+    tfcluster local --ps 1 --workers 2 -- python examples/digits.py --mode sync --devices 2
+
 The data are the UCI handwritten digits that ship inside scikit-learn (8x8
 images), so nothing is downloaded. ``--data DIR`` trains on MNIST or
 Fashion-MNIST instead, from the four IDX ``.gz`` files (or a Keras ``.npz``).
@@ -27,6 +37,7 @@ tfcluster.quiet_tensorflow()  # before TensorFlow loads: its C++ logs stay quiet
 import tensorflow as tf  # noqa: E402
 
 from tfcluster import data  # noqa: E402
+from tfcluster import strategies  # noqa: E402
 from tfcluster.strategies import Mode, ModelOutput  # noqa: E402
 
 tf1 = tf.compat.v1
@@ -97,17 +108,36 @@ def default_checkpoint_dir(args) -> str:
     return os.path.join("runs", f"digits-{args.model}-{args.mode or 'auto'}-{run}")
 
 
+def make_strategy(mode, devices):
+    """The strategy of --mode with --devices towers per process (None: fit's default for the cluster)."""
+    if mode is None:
+        return None
+    towers = {"mirrored": strategies.MirroredStrategy, "central": strategies.CentralStorageStrategy,
+              "collective": strategies.CollectiveAllReduceStrategy}
+    if mode in towers:
+        return towers[mode](devices=devices)
+    strategy = strategies.get(mode)
+    return strategy if devices is None else strategy.with_towers(devices)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=("sync", "async", "local"), default=None,
-                   help="sync or async parameter servers (default: async on a cluster, local alone)")
+    p.add_argument("--mode", choices=("sync", "async", "local", "mirrored", "central", "collective"), default=None,
+                   help="sync or async parameter servers, towers in one process (mirrored, central), or "
+                        "all-reduce between workers (collective) (default: async on a cluster, local alone)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="towers per process: N GPUs if present, else N virtual CPU devices")
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
     p.add_argument("--data", default="digits", help="'digits' (shipped), or an MNIST/Fashion-MNIST dir or .npz")
     p.add_argument("--steps", type=int, default=600, help="global steps to train (default 600)")
-    p.add_argument("--batch", type=int, default=32, help="per-worker batch (default 32)")
+    p.add_argument("--batch", type=int, default=32, help="per-replica batch: per worker, or per tower (default 32)")
     p.add_argument("--lr", type=float, default=0.05, help="momentum SGD learning rate (default 0.05)")
     p.add_argument("--checkpoint-dir", help="default: runs/digits-<model>-<mode>-<run>")
     args = p.parse_args(argv)
+    if args.devices is not None and args.devices < 1:
+        p.error(f"--devices must be at least 1, got {args.devices}")
+    if args.devices is not None and args.mode in (None, "local"):
+        p.error("--devices needs --mode mirrored, central, collective, sync or async")
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     logging.getLogger("tfcluster").addHandler(handler)
@@ -117,10 +147,14 @@ def main(argv=None):
     model_fn = make_model_fn(args.model, ds.num_classes)
     checkpoint_dir = args.checkpoint_dir or default_checkpoint_dir(args)
 
-    result = tfcluster.fit(
-        model_fn, train_input_fn(ds), strategy=args.mode, steps=args.steps, batch_size=args.batch,
-        optimizer=lambda: tf1.train.MomentumOptimizer(args.lr, 0.9), checkpoint_dir=checkpoint_dir,
-        eval_input_fn=test_input_fn(ds), save_checkpoint_secs=10)
+    try:
+        result = tfcluster.fit(
+            model_fn, train_input_fn(ds), strategy=make_strategy(args.mode, args.devices), steps=args.steps,
+            batch_size=args.batch, optimizer=lambda: tf1.train.MomentumOptimizer(args.lr, 0.9),
+            checkpoint_dir=checkpoint_dir, eval_input_fn=test_input_fn(ds), save_checkpoint_secs=10)
+    except tfcluster.TfclusterError as e:  # a wrong cluster for the mode, a lost peer: one line, no traceback
+        print(f"digits.py: error: {e}", file=sys.stderr)
+        return e.exit_code
     if result is None:  # a ps task: it served until every worker was done
         return 0
     role = result.task

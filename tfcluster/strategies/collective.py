@@ -254,10 +254,14 @@ class CollectiveAllReduceStrategy(Strategy):
         others = [t for t in self.peers if t != me]
         states = probe(self.cluster, others, timeout=1.0) if others else {}
         down = [f"{t} at {self.cluster.address(t)}" for t, s in states.items() if s != "up"]
-        first = (getattr(error, "message", None) or str(error)).strip().splitlines()
-        first = next((line for line in first if "ollective" in line), first[0] if first else type(error).__name__)
-        who = (f"{', '.join(down)} do(es) not answer" if down else
-               f"every worker answers, so one is stuck or slower than the {waited_for:g}s timeout")
+        lines = [line.strip() for line in (getattr(error, "message", None) or str(error)).splitlines() if line.strip()]
+        # TF's own words ("Collective has timed out waiting for other workers."), not its traceback lines.
+        first = next((line for line in lines if line.startswith("Collective")),
+                     lines[0] if lines else type(error).__name__)
+        if down:
+            who = f"{', '.join(down)} {'does' if len(down) == 1 else 'do'} not answer"
+        else:
+            who = f"every worker answers, so one is stuck or slower than the {waited_for:g}s timeout"
         return CollectiveError(
             f"{me}: the all-reduce group failed during {what} ({type(error).__name__}: {first.strip()}); {who}. "
             "Collectives cannot resume in a running process: restart every worker (they resume from the "

@@ -304,7 +304,7 @@ class _TowerBuilder:
 
     def _make_mirrors(self, trainables):
         """A copy of each trainable variable on every other tower (local, refreshed after each update)."""
-        tf, tf1 = self.tf, self.tf1
+        tf1 = self.tf1
         self.mirror_of = {}
         pairs = []
         graph = tf1.get_default_graph()
