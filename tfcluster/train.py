@@ -33,7 +33,7 @@ from .errors import SpecError, TfclusterError
 from .placement import placement_report
 from .server import serve_until_done, signal_done, start_server, wait_for_cluster
 from .session import TrainingSession
-from .strategies import LocalStrategy, Mode, ModelFnError, get as get_strategy
+from .strategies import Mode, ModelFnError, get as get_strategy
 from .strategies.base import InputContext, call_model_fn
 
 log = logging.getLogger("tfcluster")
@@ -166,7 +166,8 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: int, strate
     (returns None); the evaluator runs :func:`run_evaluator` on
     ``eval_input_fn``; chief and workers train. ``strategy`` is a
     :class:`~tfcluster.strategies.Strategy` or a name (``"sync"``, ``"async"``,
-    ``"local"``; default async with ps tasks, local without a cluster).
+    ``"local"``...; default: async with ps tasks, collective with several
+    workers and no ps, local without a cluster).
     ``batch_size`` is the per-replica batch that ``input_fn`` should produce
     (``ctx.per_replica_batch``); the loss is divided by it x replicas in sync.
     The input is repeated as needed.
@@ -192,7 +193,11 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: int, strate
         return None
 
     if strategy is None:
-        strategy = "async" if cluster is not None and cluster.num_tasks("ps") else "local"
+        if cluster is None or cluster.num_replicas == 1 and not cluster.num_tasks("ps"):
+            strategy = "local"
+        else:
+            # Several workers and no ps: they must all-reduce, not train apart.
+            strategy = "async" if cluster.num_tasks("ps") else "collective"
     strategy = get_strategy(strategy).bind(cluster)
     cluster = strategy.cluster          # None for a local strategy, whatever TF_CONFIG says
     name = str(cluster.task) if cluster is not None else "local"

@@ -170,7 +170,7 @@ class _SyncBuilder:
         self.state = []          # (variable, initial-value function)
 
     def _state_var(self, name, initial, device=None, colocate=None):
-        tf, tf1 = self.tf, self.tf1
+        tf1 = self.tf1
         ctx = tf1.colocate_with(colocate) if colocate is not None else tf1.device(device)
         with ctx:
             v = tf1.Variable(initial(), trainable=False, use_resource=True, name=name,
