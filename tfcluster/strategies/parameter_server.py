@@ -322,7 +322,7 @@ class _SyncBuilder:
             with tf.control_dependencies(resets):
                 new = self._read_gs()
                 wakes = [self._wake(i, new) for i in range(self.n) if i != self.me]
-            with tf.control_dependencies(wakes):
+            with tf.control_dependencies(resets + wakes):  # a lone worker has nobody to wake
                 return tf.no_op(name="reset_and_wake")
 
     def _init_if_needed(self, v, initial):
