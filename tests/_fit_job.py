@@ -28,11 +28,18 @@ def make_model_fn(data):
     tf1 = tf.compat.v1
     from tfcluster.strategies import Mode, ModelOutput
 
+    def fixed(name, key):
+        full = data[key]
+
+        def init(shape, dtype=None, partition_info=None):
+            # A partitioned variable asks for its part only.
+            off = partition_info.var_offset if partition_info is not None else [0] * len(shape)
+            return tf.constant(full[tuple(slice(o, o + n) for o, n in zip(off, shape))], dtype=tf.float32)
+        return tf1.get_variable(name, shape=full.shape, dtype=tf.float32, initializer=init)
+
     def model_fn(features, labels, mode):
-        w1 = tf1.get_variable("dense/w1", initializer=data["w1"])
-        b1 = tf1.get_variable("dense/b1", initializer=data["b1"])
-        w2 = tf1.get_variable("out/w2", initializer=data["w2"])
-        b2 = tf1.get_variable("out/b2", initializer=data["b2"])
+        w1, b1 = fixed("dense/w1", "w1"), fixed("dense/b1", "b1")
+        w2, b2 = fixed("out/w2", "w2"), fixed("out/b2", "b2")
         logits = tf.matmul(tf.nn.tanh(tf.matmul(features, w1) + b1), w2) + b2
         pred = tf.argmax(logits, 1)
         if mode == Mode.PREDICT:
@@ -129,6 +136,7 @@ def main():
     strategy = None
     if cfg.get("mode"):
         strategy = ParameterServerStrategy(cfg["mode"], replicas_to_aggregate=cfg.get("replicas_to_aggregate"),
+                                           partition_min_bytes=cfg.get("partition_min_bytes"),
                                            stall_warn_secs=cfg.get("stall_warn_secs", 30.0),
                                            stall_timeout_secs=cfg.get("stall_timeout_secs", 600.0))
     result = fit(make_model_fn(data), make_input_fn(data, cfg.get("step_sleep", 0.0)),
@@ -137,7 +145,7 @@ def main():
                  checkpoint_dir=cfg["checkpoint_dir"], save_checkpoint_steps=cfg.get("save_steps"),
                  save_checkpoint_secs=None, log_every_secs=cfg.get("log_every_secs", 1.0),
                  eval_input_fn=make_eval_input_fn(data), evaluator_timeout_secs=cfg.get("evaluator_timeout", 120),
-                 startup_timeout=cfg.get("startup_timeout", 120))
+                 startup_timeout=cfg.get("startup_timeout", 120), log_placement=cfg.get("log_placement", False))
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {"type": "local", "index": 0})
     if result is not None and cfg.get("out"):
         os.makedirs(cfg["out"], exist_ok=True)

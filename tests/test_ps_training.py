@@ -35,16 +35,17 @@ BATCH = 16
 class Run:
     """A hand-started cluster: its files, processes and logs."""
 
-    def __init__(self, tmp, procs, **cfg):
+    def __init__(self, tmp, procs, workers=2, ps=1, **cfg):
         self.tmp, self.procs = tmp, procs
-        p = pick_free_ports(3)
-        self.cluster = {"worker": [f"localhost:{p[0]}", f"localhost:{p[1]}"], "ps": [f"localhost:{p[2]}"]}
+        p = [f"localhost:{port}" for port in pick_free_ports(workers + ps)]
+        self.cluster = {"worker": p[:workers], "ps": p[workers:]}
         self.cluster_file = tmp / "cluster.json"
         self.cluster_file.write_text(json.dumps(self.cluster))
         self.data = job.make_data(str(tmp / "data.npz"))
         self.ckpt = tmp / "ckpt"
-        self.cfg = dict(data=str(tmp / "data.npz"), batch=BATCH, checkpoint_dir=str(self.ckpt),
-                        out=str(tmp / "out"), log_every_secs=0.5, **cfg)
+        cfg.setdefault("batch", BATCH)
+        self.cfg = dict(data=str(tmp / "data.npz"), checkpoint_dir=str(self.ckpt), out=str(tmp / "out"),
+                        log_every_secs=0.5, **cfg)
         (tmp / "cfg.json").write_text(json.dumps(self.cfg))
         self.p = {}
         self.started_at = {}
@@ -60,9 +61,9 @@ class Run:
         out.close()
         return self.p[name]
 
-    def ps(self):
-        return self._start("ps", TFCLUSTER + ["start", "--cluster", self.cluster_file, "--job", "ps", "--task", "0"],
-                           base_env())
+    def ps(self, index=0, name="ps"):
+        return self._start(name, TFCLUSTER + ["start", "--cluster", self.cluster_file, "--job", "ps",
+                                              "--task", str(index)], base_env())
 
     def task(self, name, job_name, index, cfg=None, **env):
         """Start a trainer or the evaluator; ``cfg`` overrides this run's job config for it."""
@@ -232,6 +233,32 @@ def test_the_evaluator_reports_the_final_checkpoint_and_exits(async_run):
                      r"accuracy=[0-9.]+", ev), ev[-2000:]
     assert "training is done" in ev
     assert async_run.codes["ps"] == 0
+
+
+# ============================================================ partitioning
+@pytest.mark.timeout(300)
+def test_variables_split_over_two_ps_train_like_one_process_and_restore_whole(tmp_path, procs):
+    """One sync worker, two ps, the big variables partitioned across them."""
+    run = Run(tmp_path, procs, workers=1, ps=2, mode="sync", steps=20, batch=32, partition_min_bytes=100,
+              log_placement=True)
+    run.ps(0, "ps0")
+    run.ps(1, "ps1")
+    run.task("w0", "worker", 0)
+    codes = run.wait_all(150)
+    assert codes == {"ps0": 0, "ps1": 0, "w0": 0}, run.tails(codes)
+    log = run.log("w0")
+    # dense/w1 (640 B) and out/w2 (192 B) are split, one part on each ps
+    for var in ("dense/w1", "out/w2"):
+        assert re.search(rf"/job:ps/task:0 .*\n(?:      .*\n)*      {var}/part_[01] ", log), log[-3000:]
+        assert re.search(rf"/job:ps/task:1 .*\n(?:      .*\n)*      {var}/part_[01] ", log), log[-3000:]
+    got, path = run.weights()
+    assert set(tf.train.load_checkpoint(path).get_variable_to_shape_map()) == set(job.NAMES) | {"global_step"}
+    want = job.reference_weights(run.data, steps=20, batch=32)
+    for k in job.NAMES:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    x = run.data["x"]
+    preds = predict(job.make_model_fn(run.data), lambda ctx: tf.data.Dataset.from_tensor_slices(x).batch(64), path)
+    np.testing.assert_allclose(preds["logits"], job.forward(want, x), rtol=1e-4, atol=1e-5)
 
 
 # =================================================================== stalls

@@ -152,7 +152,8 @@ class VariablePlacement:
     nbytes: int
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``1.5 KB``."""
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -200,14 +201,14 @@ class PlacementReport:
         """Readable text: per device, its total and (optionally) each variable."""
         totals, counts = self.totals(), self.counts()
         grand = sum(totals.values()) or 1
-        lines = [f"placement of {len(self.records)} variable(s), {_human(sum(totals.values()))}:"]
+        lines = [f"placement of {len(self.records)} variable(s), {human_bytes(sum(totals.values()))}:"]
         for d in totals:
-            lines.append(f"  {d:<26} {_human(totals[d]):>10}  {100.0 * totals[d] / grand:5.1f}%  "
+            lines.append(f"  {d:<26} {human_bytes(totals[d]):>10}  {100.0 * totals[d] / grand:5.1f}%  "
                          f"{counts[d]} variable(s)")
             if per_variable:
                 for r in sorted(self.on(d), key=lambda r: -r.nbytes):
                     shape = "x".join(str(s) for s in r.shape) or "scalar"
-                    lines.append(f"      {r.name:<40} {shape:>14} {r.dtype:<8} {_human(r.nbytes):>10}")
+                    lines.append(f"      {r.name:<40} {shape:>14} {r.dtype:<8} {human_bytes(r.nbytes):>10}")
         return "\n".join(lines)
 
     def print(self, file=None, per_variable: bool = True):

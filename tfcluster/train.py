@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 from .cluster import Cluster
 from .errors import SpecError, TfclusterError
-from .placement import placement_report
+from .placement import human_bytes, placement_report
 from .server import serve_until_done, signal_done, start_server, wait_for_cluster
 from .session import TrainingSession
 from .strategies import Mode, ModelFnError, get as get_strategy
@@ -249,7 +249,7 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: int, strate
         log.info("%s trains with %s, %d replica(s) in sync, per-replica batch %s", name, strategy.describe(),
                  strategy.num_replicas_in_sync, batch_size if batch_size is not None else "(from input_fn)")
         if strategy.placement_devices():
-            totals = ", ".join(f"{d} {b / 1e6:.2f} MB" for d, b in report.totals().items())
+            totals = ", ".join(f"{d} {human_bytes(b)}" for d, b in report.totals().items())
             log.info("placement: %s (imbalance %.1f%%)", totals, 100 * report.imbalance())
         if log_placement:
             log.info("%s", report.format())
