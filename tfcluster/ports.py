@@ -92,7 +92,9 @@ def port_holder(port: int) -> Optional[str]:
     for pid in pids:
         try:
             p = psutil.Process(pid)
-            cmd = " ".join(p.cmdline()[:4]) or p.name()
+            # One line, whatever the command line holds (python -c "..." may hold newlines).
+            cmd = " ".join(" ".join(p.cmdline()[:4]).split()) or p.name()
+            cmd = cmd if len(cmd) <= 80 else cmd[:77] + "..."
             descs.append(f"pid {pid} ({cmd})")
         except Exception:
             descs.append(f"pid {pid}")
