@@ -382,13 +382,15 @@ def test_local_refuses_a_bad_legacy_option_in_one_line_and_starts_nothing(tmp_pa
 
 
 def test_local_refuses_an_explicit_port_that_is_taken_and_names_it(tmp_path):
+    (tmp_path / "train.py").write_text("")
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
         free = pick_free_ports(1)[0]
-        r = run_cli("local", "--ps", "1", "--workers", "1", "--ports", f"{free},{port}", "--log-dir",
-                    tmp_path / "logs", "--", "python", "train.py", cwd=str(tmp_path))
+        # Isolated, the cluster has a port space of its own where this port is free: no clash to refuse.
+        r = run_cli("local", "--no-isolate", "--ps", "1", "--workers", "1", "--ports", f"{free},{port}",
+                    "--log-dir", tmp_path / "logs", "--", "python", "train.py", cwd=str(tmp_path))
     assert r.returncode == 2
     assert f"tfcluster: error: port {port} of ps:0 (localhost:{port}) is already in use" in r.stderr
     assert "started" not in r.stdout

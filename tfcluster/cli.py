@@ -210,9 +210,11 @@ def cmd_local(args) -> int:
                              evaluator=args.evaluator, legacy_flags=args.legacy_flags, log_dir=args.log_dir,
                              timeout=args.timeout, max_restarts=args.max_restarts,
                              evaluator_grace=args.evaluator_grace, verbose=args.verbose, host=args.host,
-                             writer=writer, subreaper=True, cluster=explicit, join_grace=args.join_grace)
+                             writer=writer, subreaper=True, cluster=explicit, join_grace=args.join_grace,
+                             isolate=not args.no_isolate)
     # Only now, with the input valid: the launcher's lines join its tasks' lines on stdout.
-    use_prefixed_logging(writer, debug=args.verbose or bool(os.environ.get("TFCLUSTER_DEBUG")))
+    use_prefixed_logging(writer, debug=args.verbose or bool(os.environ.get("TFCLUSTER_DEBUG")),
+                         error_writer=LineWriter(sys.stderr))
     return launcher.run()
 
 
@@ -328,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         usage="tfcluster local [--ps N] [--workers M] [--chief] [--evaluator] [--legacy-flags[=STYLE]]\n"
               "                       [--log-dir DIR] [--timeout S] [--max-restarts K] [--evaluator-grace S]\n"
               "                       [--host H] [--cluster FILE | --ports P,...] [--join-grace S] [--tf1]\n"
-              "                       [--verbose] -- COMMAND [ARGS ...]",
+              "                       [--no-isolate] [--verbose] -- COMMAND [ARGS ...]",
         description="Start one process per task on this machine, show every line of every task prefixed\n"
                     "with its name ([worker:1] ...), keep one log file per task, and stop the cluster once\n"
                     "the trainers (workers and chief) have exited.\n\n"
@@ -340,7 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "                            expect (one script, role by --job_name), and the launcher\n"
                     "                            ends it, server.join() and all, when the trainers are done\n"
                     "Every task's port is held by the launcher until its server answers, so nothing\n"
-                    "takes it in between (children get TF_GRPC_REUSE_PORT=1).",
+                    "takes it in between (children get TF_GRPC_REUSE_PORT=1).\n\n"
+                    "Isolation: TensorFlow's servers listen on every interface with no authentication.\n"
+                    "Where the system allows it (root, or unprivileged user namespaces), the whole cluster\n"
+                    "runs in its own network namespace with only loopback: no other host can reach it,\n"
+                    "and its tasks cannot reach the network either. One line says which it is;\n"
+                    "--no-isolate turns it off (a task that downloads data, or a tfcluster status from\n"
+                    "another shell, needs that). A non-loopback --host or cluster turns it off too.\n"
+                    "The launcher's verdict on a failed run goes to stderr; everything else to stdout.",
         epilog="exit codes:\n"
                "  0        every trainer succeeded\n"
                "  N        the first trainer that failed for good exited with N (128+S: killed by\n"
@@ -381,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--tf1", action="store_true",
                     help="run 'python script.py' in TF1 mode: 'import tensorflow as tf' gives tf.compat.v1, "
                          "tf.contrib and tensorflow.examples...mnist work (docs/tf1.md)")
+    lo.add_argument("--no-isolate", action="store_true",
+                    help="do not run the cluster in its own loopback-only network namespace (its ports are then "
+                         "reachable from other hosts, and it can reach the network)")
     lo.add_argument("--verbose", action="store_true",
                     help="show TensorFlow's C++ logs and the launcher's debug lines")
     lo.set_defaults(func=cmd_local)

@@ -17,9 +17,12 @@ Ctrl-C, 143 for SIGTERM, 129 for SIGHUP). Bad usage raises
 :class:`~tfcluster.errors.TfclusterError` before anything starts.
 """
 
+import collections
 import datetime
+import errno
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -99,6 +102,44 @@ def check_command(command, env=None):
         path = (env or os.environ).get("PATH", os.defpath)
         if shutil.which(exe, path=path) is None:
             raise TfclusterError(f"cannot run {exe!r}: not found on PATH")
+    script = _python_script(command)
+    if script is not None and not os.path.isfile(script):
+        # Otherwise every task would start (the ps loading TensorFlow) only for each worker to fail.
+        raise TfclusterError(f"no such script: {script} (in {' '.join(command[:2])})")
+
+
+def _python_script(command) -> Optional[str]:
+    """The script of ``python [options] script.py ...``; None for other commands, -m and -c."""
+    if not re.fullmatch(r"python[\d.]*", os.path.basename(command[0])):
+        return None
+    args = iter(command[1:])
+    for a in args:
+        if a in ("-m", "-c", "-") or a.startswith(("-m", "-c")):
+            return None
+        if a in ("-W", "-X"):
+            next(args, None)
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+#: The last line of a Python traceback: ``ValueError: bad value`` (module path allowed).
+_EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?")
+
+
+def failure_cause(lines) -> Optional[str]:
+    """What a failed task said last about why: its final exception line, without the module path."""
+    for line in reversed(list(lines)):
+        line = line.strip()
+        m = _EXCEPTION_LINE.fullmatch(line)
+        if m:
+            text = m.group(1) + (f": {m.group(2).strip()}" if m.group(2) and m.group(2).strip() else "")
+        elif "can't open file" in line:
+            text = line
+        else:
+            continue
+        return text if len(text) <= 200 else text[:197] + "..."
+    return None
 
 
 # ------------------------------------------------------------------ output
@@ -129,23 +170,26 @@ class LineWriter:
 class PrefixedLogHandler(logging.Handler):
     """Sends the launcher's own log records as ``[tfcluster] ...`` lines through a LineWriter."""
 
-    def __init__(self, writer: LineWriter, prefix: str = "[tfcluster] "):
+    def __init__(self, writer: LineWriter, prefix: str = "[tfcluster] ", error_writer: Optional[LineWriter] = None):
         super().__init__()
         self.writer = writer
         self.prefix = prefix
+        self.error_writer = error_writer or writer
 
     def emit(self, record):
         try:
             level = "" if record.levelno <= logging.INFO else record.levelname.lower() + ": "
+            # Why the run failed goes to stderr: it stays on the terminal when stdout is a log file.
+            writer = self.error_writer if record.levelno >= logging.ERROR else self.writer
             for part in self.format(record).splitlines() or [""]:
-                self.writer.line(f"{self.prefix}{level}{part}")
+                writer.line(f"{self.prefix}{level}{part}")
         except Exception:  # logging must never take the launcher down
             self.handleError(record)
 
 
-def use_prefixed_logging(writer: LineWriter, debug: bool = False):
-    """Route the ``tfcluster`` logger to ``writer`` as ``[tfcluster]`` lines."""
-    handler = PrefixedLogHandler(writer)
+def use_prefixed_logging(writer: LineWriter, debug: bool = False, error_writer: Optional[LineWriter] = None):
+    """Route the ``tfcluster`` logger to ``writer`` as ``[tfcluster]`` lines (errors to ``error_writer``)."""
+    handler = PrefixedLogHandler(writer, error_writer=error_writer)
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.handlers[:] = [handler]
     if debug:
@@ -197,6 +241,7 @@ class _Proc:
         self.started_at = 0.0
         self.returncode: Optional[int] = None
         self.known = {}                     # pid -> psutil.Process: every descendant ever seen
+        self.tail = collections.deque(maxlen=40)   # the last lines of the current run, for failure_cause
         self._log_lock = threading.Lock()
         self.log_file = open(log_path, "wb")
 
@@ -217,6 +262,7 @@ class _Proc:
             raise TfclusterError(f"cannot start {self.name} ({self.argv[0]!r}): {e.strerror}") from None
         self.returncode = None
         self.started_at = time.monotonic()
+        self.tail.clear()
         self.reader = threading.Thread(target=self._pump, args=(self.popen.stdout, writer),
                                        name=f"tfcluster-log-{self.name}", daemon=True)
         self.reader.start()
@@ -229,7 +275,9 @@ class _Proc:
                     if not self.log_file.closed:
                         self.log_file.write(raw)
                         self.log_file.flush()
-                writer.line(prefix + raw.decode("utf-8", "replace").rstrip("\r\n"))
+                text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                self.tail.append(text)
+                writer.line(prefix + text)
         except (OSError, ValueError):
             pass
         finally:
@@ -302,7 +350,9 @@ class LocalLauncher:
                  legacy_flags: str = "none", log_dir: Optional[str] = None, timeout: Optional[float] = None,
                  max_restarts: int = 0, evaluator_grace: float = 60.0, verbose: bool = False,
                  host: str = "localhost", writer: Optional[LineWriter] = None, subreaper: bool = False,
-                 cluster: Optional[Cluster] = None, join_grace: Optional[float] = None):
+                 cluster: Optional[Cluster] = None, join_grace: Optional[float] = None, isolate: bool = False):
+        if cluster is None:
+            _check_host(host)
         if cluster is not None:
             # An explicit cluster (scripts with hard-coded ports): its jobs decide the counts.
             ps, workers, chief = cluster.num_tasks("ps"), cluster.num_tasks("worker"), bool(cluster.num_tasks("chief"))
@@ -338,6 +388,8 @@ class LocalLauncher:
         self.subreaper = subreaper
         self.explicit = cluster
         self.join_grace = join_grace
+        self.isolate = isolate
+        self.isolated = False
         self._chief_done_at: Optional[float] = None
         self._join_hinted = False
         self.cluster: Optional[Cluster] = None
@@ -441,6 +493,7 @@ class LocalLauncher:
     def run(self) -> int:
         """Start the cluster, supervise it until the trainers are done, stop it; return the exit code."""
         log_dir = self._make_log_dir()
+        self._isolate()
         log.info("logs: %s (one file per task)", log_dir)
         if self.subreaper:
             self._become_subreaper()
@@ -551,10 +604,12 @@ class LocalLauncher:
         if code == 0:
             log.info("%s finished", p.name)
             return None
+        cause = failure_cause(p.tail) if code > 0 else None
+        why = f" ({cause})" if cause else ""
         if p.restarts < self.max_restarts:
             p.restarts += 1
-            log.warning("%s %s; restarting it (restart %d of %d, same TF_CONFIG and port)",
-                        p.name, describe_exit(code), p.restarts, self.max_restarts)
+            log.warning("%s %s%s; restarting it (restart %d of %d, same TF_CONFIG and port)",
+                        p.name, describe_exit(code), why, p.restarts, self.max_restarts)
             with self._lock:
                 if p.placeholder is None and p.port is not None:
                     p.placeholder = _hold_port(p.port, self.host)
@@ -565,10 +620,10 @@ class LocalLauncher:
             log.info("%s restarted (pid %d)", p.name, p.popen.pid)
             return None
         what = "" if not self.max_restarts else f" after {p.restarts} restart(s)"
-        log.error("%s %s%s; see its log: %s", p.name, describe_exit(code), what, p.log_path)
+        log.error("%s %s%s%s; see its log: %s", p.name, describe_exit(code), why, what, p.log_path)
         others = [q.name for q in self.procs if q.running]
         if others:
-            log.error("stopping the cluster (%s)", ", ".join(others))
+            log.info("stopping the cluster (%s)", ", ".join(others))
         return exit_status(code)
 
     def _finish_evaluator(self, deadline) -> Optional[int]:
@@ -589,6 +644,30 @@ class LocalLauncher:
             log.info("the evaluator did not finish within %gs; stopping it", self.evaluator_grace)
             self._stop(evaluators)
         return None
+
+    # --------------------------------------------------------- isolation
+    def _isolate(self):
+        """Move this launcher (and so every task it starts) into its own loopback-only network namespace."""
+        exposed = ("every task's server listens on all interfaces with no authentication; "
+                   "keep this machine on a trusted network")
+        if not self.isolate:
+            log.info("isolation: off (--no-isolate): %s", exposed)
+            return
+        hosts = ([parse_address(self.explicit.address(t))[0] for t in self.explicit.tasks()]
+                 if self.explicit is not None else [self.host])
+        from .cluster import is_loopback
+        remote = [h for h in hosts if not is_loopback(h)]
+        if remote:
+            log.info("isolation: off (%s is not a loopback address): %s", remote[0], exposed)
+            return
+        why = isolate_network()
+        if why is not None:
+            log.info("isolation: off (%s): %s", why, exposed)
+            return
+        self.isolated = True
+        log.info("isolation: on: the cluster runs in its own network namespace with only loopback, so no "
+                 "other host can reach its ports, and its tasks cannot reach the network (--no-isolate "
+                 "to turn off)")
 
     # ---------------------------------------------------------- stopping
     def _own_pids(self):
@@ -739,6 +818,82 @@ class LocalLauncher:
                 pass
 
 
+def _check_host(host: str):
+    """Refuse a --host that does not resolve or is not an address of this machine, before anything starts."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise TfclusterError(f"--host {host!r} does not resolve") from None
+    for family, _, _, _, addr in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((addr[0], 0))
+                return
+            except OSError:
+                continue
+    raise TfclusterError(f"--host {host} ({infos[0][4][0]}) is not an address of this machine; tfcluster local "
+                         "runs every task here (use tfcluster start on each host instead)")
+
+
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWUSER = 0x10000000
+
+
+def _unshare(flags: int):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def _loopback_up():
+    import fcntl
+    import struct
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = struct.pack("16sh22x", b"lo", 0)
+        flags = struct.unpack("16sh22x", fcntl.ioctl(s, siocgifflags, ifreq))[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sh22x", b"lo", flags | iff_up))
+
+
+def isolate_network() -> Optional[str]:
+    """Move this process into a new network namespace with only loopback, up; None, or why it cannot.
+
+    As root that takes CAP_SYS_ADMIN only; otherwise a user namespace of our
+    own grants it (where the system allows unprivileged user namespaces, and
+    only while the process has a single thread). It is for good: the process
+    and every child it starts afterwards see no network but loopback.
+    """
+    if not sys.platform.startswith("linux"):
+        return "network namespaces are Linux only"
+    try:
+        _unshare(_CLONE_NEWNET)
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EACCES):
+            return f"cannot create a network namespace: {e.strerror}"
+        uid, gid = os.getuid(), os.getgid()
+        try:
+            _unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
+        except OSError as e2:
+            return f"cannot create a network namespace: {e2.strerror}"
+        try:
+            # Keep our own uid and gid inside, so files the tasks write are ours outside.
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+        except OSError as e3:
+            # There is no way back from here: say so rather than run half-isolated.
+            raise TfclusterError(f"isolation failed: cannot map this user into its new user namespace "
+                                 f"({e3.strerror}); use --no-isolate") from None
+    try:
+        _loopback_up()
+    except OSError as e:
+        raise TfclusterError(f"isolation failed: cannot bring loopback up in the new network namespace "
+                             f"({e.strerror}); use --no-isolate") from None
+    return None
+
+
 def _check_local(cluster: Cluster):
     """Refuse an explicit cluster with a task that is not on this machine."""
     from .cluster import is_loopback
@@ -755,6 +910,7 @@ def run_local(command, writer: Optional[LineWriter] = None, **options) -> int:
     return LocalLauncher(command, writer=writer, **options).run()
 
 
-__all__ = ["LocalLauncher", "run_local", "task_environment", "check_command", "LineWriter",
+__all__ = ["LocalLauncher", "run_local", "task_environment", "check_command", "failure_cause", "isolate_network",
+           "LineWriter",
            "PrefixedLogHandler", "use_prefixed_logging", "exit_status", "describe_exit", "EXIT_TIMEOUT",
            "TRAINER_JOBS"]
