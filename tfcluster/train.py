@@ -101,9 +101,15 @@ def _checkpoint_path(checkpoint):
         if path is None:
             raise SpecError(f"no checkpoint in {checkpoint}")
         return path
-    if not tf.compat.v1.train.checkpoint_exists(checkpoint):
+    if not _checkpoint_exists(checkpoint):
         raise SpecError(f"checkpoint {checkpoint} does not exist")
     return checkpoint
+
+
+def _checkpoint_exists(prefix) -> bool:
+    """True when a V2 checkpoint with this prefix is on disk (its index is written last)."""
+    import tensorflow as tf
+    return tf.io.gfile.exists(prefix + ".index")
 
 
 def _checkpoint_step(path) -> Optional[int]:
@@ -478,7 +484,7 @@ def run_evaluator(model_fn, input_fn, checkpoint_dir, *, timeout_secs: float = 6
             done = read_done_marker(checkpoint_dir)
             new = [p for p in _checkpoints_in(checkpoint_dir) if p not in seen]
             for path in new:
-                if not tf.compat.v1.train.checkpoint_exists(path):
+                if not _checkpoint_exists(path):
                     seen.add(path)  # already rotated away by the chief
                     continue
                 try:
