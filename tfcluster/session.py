@@ -15,6 +15,7 @@ from one thread only: concurrent ``run`` calls on a gRPC target can abort with
 "The same RunGraph request was received twice" (pitfalls item 15).
 """
 
+import atexit
 import logging
 import re
 import threading
@@ -29,6 +30,20 @@ log = logging.getLogger("tfcluster")
 
 #: Seconds a lost session's close may take before the recovery goes on without it.
 CLOSE_TIMEOUT = 3.0
+#: Seconds the final close may take: its tasks are alive, but a loaded machine is slow.
+FINAL_CLOSE_TIMEOUT = 60.0
+
+_closers = []  # closes that outlived their timeout and still run in the background
+
+
+@atexit.register
+def _join_closers(timeout: float = 10.0):
+    # A daemon thread still inside TF's C++ Close when the interpreter exits
+    # aborts the process ("terminate called ... exception not rethrown"); give
+    # background closes a last chance to finish first.
+    deadline = time.monotonic() + timeout
+    for t in _closers:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 class RecoveryLimitError(TfclusterError):
@@ -203,7 +218,7 @@ class TrainingSession:
         for hook in self.train_graph.hooks:
             hook.end(self.session)
 
-    def _close_quietly(self):
+    def _close_quietly(self, timeout: float = CLOSE_TIMEOUT):
         if self.session is not None:
             session, self.session = self.session, None
 
@@ -217,15 +232,19 @@ class TrainingSession:
             # forever if it never is. The recovery's own wait is bounded and says
             # what it waits for, so the close may not block it.
             closer = threading.Thread(target=close, name="tfcluster-session-close", daemon=True)
+            started = time.monotonic()
             closer.start()
-            closer.join(CLOSE_TIMEOUT)
+            closer.join(timeout)
             if closer.is_alive():
-                log.debug("%s: closing the old session did not finish in %gs (a task is gone); "
-                          "it finishes in the background", self.name, CLOSE_TIMEOUT)
+                _closers.append(closer)
+                log.debug("%s: closing the session did not finish in %gs (a task is gone?); "
+                          "it finishes in the background", self.name, timeout)
+            else:
+                log.debug("%s: session closed in %.2fs", self.name, time.monotonic() - started)
 
     def close(self):
-        """Close the underlying session."""
-        self._close_quietly()
+        """Close the underlying session (bounded: a task gone for good cannot hold the process)."""
+        self._close_quietly(FINAL_CLOSE_TIMEOUT)
 
     def __enter__(self):
         return self
