@@ -1,12 +1,14 @@
-"""Machines, not just ports: tasks on separate network hosts (namespaces) with real links."""
+"""Machines, not just ports: tasks on separate network hosts (namespaces) with real links, cut mid-run."""
 
 import json
+import os
 import sys
 import time
 
 import pytest
 
 from conftest import TFCLUSTER, base_env, no_process_left, wait_until
+from jobs.stream import Stream
 from netns import Hosts, unavailable_reason
 
 _why = unavailable_reason()
@@ -89,3 +91,93 @@ def test_a_worker_whose_ps_is_cut_off_gives_up_in_time_naming_it(hosts, spec, pr
     assert worker.returncode != 0
     assert f"/job:ps/task:0 at {hosts.addresses[0]}:2222" in out
     assert time.monotonic() - start < 40
+
+
+# ---------------------------------------------------- training across a cut link
+FIT_JOB = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs", "fit_job.py")]
+STEP = r"step \d+ \(global (\d+)\)"
+
+
+@pytest.fixture(scope="module")
+def three_hosts():
+    with Hosts(3) as h:
+        yield h
+
+
+class CutRun:
+    """ps on host 0, worker:0 (chief) on host 1, worker:1 on host 2, all through ``tfcluster start``."""
+
+    def __init__(self, hosts, procs, tmp_path, *job_args):
+        a = hosts.addresses
+        self.spec = tmp_path / "cluster.json"
+        self.spec.write_text(json.dumps({"ps": [f"{a[0]}:2222"], "worker": [f"{a[1]}:2222", f"{a[2]}:2222"]}))
+        self.ckpt = tmp_path / "ckpt"   # one dir for every host: the chief writes, the others never do
+        start = TFCLUSTER + ["start", "--cluster", self.spec]
+        self.ps = Stream(procs.start(hosts.exec_prefix(0) + start + ["--job", "ps", "--task", "0"]), "ps:0")
+        self.w = [Stream(procs.start(hosts.exec_prefix(i + 1) + start + [
+            "--job", "worker", "--task", str(i), "--"] + FIT_JOB + ["--ckpt", self.ckpt, *job_args]), f"worker:{i}")
+            for i in range(2)]
+
+    def steps(self, i, after=0.0, before=float("inf")):
+        return [(t, int(m.group(1))) for t, m in self.w[i].matches(STEP, after, before)]
+
+    def finish(self, timeout):
+        codes = {s.name: s.finish(timeout=timeout) for s in self.w + [self.ps]}
+        assert codes == {"worker:0": 0, "worker:1": 0, "ps:0": 0}, "\n".join(s.tail(20) for s in self.w)
+        with open(self.ckpt / "tfcluster_done.json", encoding="utf-8") as f:
+            return json.load(f)["global_step"]
+
+
+@pytest.mark.timeout(240)
+def test_a_cut_worker_stalls_a_sync_run_which_says_so_and_resumes_when_the_link_returns(three_hosts, procs,
+                                                                                         tmp_path):
+    steps = 150
+    run = CutRun(three_hosts, procs, tmp_path, "--mode", "sync", "--steps", str(steps), "--step-sleep", "0.05",
+                 "--save-steps", "50", "--stall-warn", "1", "--stall-timeout", "120")
+    run.w[1].wait_for(STEP, 150, check=lambda m: int(m.group(1)) >= 30)
+    three_hosts.cut(2)
+    t_cut = time.monotonic()
+    try:
+        t_warn, m = run.w[0].wait_for(r"worker:0 has waited \d+s on sync step (\d+): 1 of 2 gradient\(s\) in "
+                                      r"\(worker:0\); not yet from worker:1 \(last step \d+\)", 20, after=t_cut)
+        stalled_at = int(m.group(1))
+        time.sleep(4)
+    finally:
+        three_hosts.mend(2)
+    t_mend = time.monotonic()
+    # Nothing moved while the link was down, and the chief kept saying why.
+    assert run.steps(0, t_warn, t_mend) == []
+    assert len(run.w[0].matches(r"worker:0 has waited", t_cut, t_mend)) >= 3
+    t_resumed, m = run.w[0].wait_for(STEP, 60, after=t_mend, check=lambda m: int(m.group(1)) >= stalled_at)
+    final = run.finish(timeout=120)
+    print(f"\nsync: link of worker:1 cut at step {stalled_at}; the chief said so {t_warn - t_cut:.1f}s later; "
+          f"link down {t_mend - t_cut:.1f}s; step {stalled_at} applied {t_resumed - t_mend:.1f}s after the mend; "
+          f"final global step {final} of {steps}")
+    assert t_warn - t_cut < 10 and t_resumed - t_mend < 45
+    assert final == steps
+
+
+@pytest.mark.timeout(240)
+def test_a_cut_worker_leaves_an_async_run_going_and_trains_again_when_the_link_returns(three_hosts, procs, tmp_path):
+    steps = 500
+    run = CutRun(three_hosts, procs, tmp_path, "--mode", "async", "--steps", str(steps), "--step-sleep", "0.05",
+                 "--save-steps", "100")
+    run.w[1].wait_for(STEP, 150, check=lambda m: int(m.group(1)) >= 30)
+    three_hosts.cut(2)
+    t_cut = time.monotonic()
+    try:
+        time.sleep(5)
+    finally:
+        three_hosts.mend(2)
+    t_mend = time.monotonic()
+    chief_during = run.steps(0, t_cut, t_mend)
+    cut_off_during = run.steps(1, t_cut + 1.0, t_mend)
+    t_back, _ = run.w[1].wait_for(STEP, 60, after=t_mend)
+    final = run.finish(timeout=120)
+    again = run.steps(1, t_mend)
+    print(f"\nasync: link of worker:1 down {t_mend - t_cut:.1f}s; meanwhile worker:0 took {len(chief_during)} "
+          f"step(s) and worker:1 none; worker:1 stepped again {t_back - t_mend:.1f}s after the mend and took "
+          f"{len(again)} more; final global step {final} of {steps}")
+    assert len(chief_during) >= 20 and cut_off_during == []
+    assert len(again) >= 3 and t_back - t_mend < 45
+    assert steps <= final <= steps + 2
