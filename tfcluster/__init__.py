@@ -19,7 +19,9 @@ _LAZY = {
     "fit": "train", "evaluate": "train", "predict": "train", "run_evaluator": "train", "FitResult": "train",
     "ModelOutput": "strategies", "InputContext": "strategies", "Mode": "strategies",
     "ParameterServerStrategy": "strategies", "LocalStrategy": "strategies",
-    "ByteBalancedSetter": "placement", "placement_report": "placement",
+    "ReplicaContext": "strategies", "SyncStallError": "strategies",
+    "ByteBalancedSetter": "placement", "placement_report": "placement", "PlacementReport": "placement",
+    "device_setter": "placement", "partition_big_variables": "placement",
 }
 
 
