@@ -9,6 +9,12 @@ trainers (the workers and the chief) have exited: TF1 ps tasks never end by
 themselves (pitfalls item 2), so the launcher stops them, and gives the
 evaluator a grace period to finish.
 
+TensorFlow's servers listen on every interface and run whatever graph they
+are sent (pitfalls item 7). With ``isolate=True`` (the CLI's default) the
+launcher first moves itself, and so every task, into a network namespace of
+its own with only loopback (:func:`isolate_network`): no other host can reach
+the cluster, and the cluster cannot reach the network.
+
 Exit codes of :meth:`LocalLauncher.run`: 0 when every trainer succeeded;
 otherwise the code of the first trainer that failed for good (128+N when it
 died of signal N), or of a ps that died and could not be restarted; 124 when
