@@ -192,9 +192,9 @@ def summary(values):
 
 
 # -------------------------------------------------------------------- driver
-def measure(quick):
-    steps = 200 if quick else 3000
-    reps = 1 if quick else 3
+def measure(quick, steps=None, reps=None):
+    steps = steps or (200 if quick else 3000)
+    reps = reps or (1 if quick else 3)
     fit = os.path.join(BENCH, "tfcluster_fit.py")
     raw = os.path.join(BENCH, "raw_tf1.py")
     configs = {
@@ -319,13 +319,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one short repeat of the core rows (CI smoke run)")
     p.add_argument("--out", default="bench-results", help="directory for results.json/.md/.png")
+    p.add_argument("--reps", type=int, help="repeats of every row (default 3; 1 with --quick)")
+    p.add_argument("--steps", type=int, help="global steps per MLP run (default 3000; 200 with --quick)")
     a = p.parse_args()
     started = time.time()
-    runs, extra, meta = measure(a.quick)
+    runs, extra, meta = measure(a.quick, a.steps, a.reps)
     thr, figs = figures(runs, extra)
     meta.update(date=datetime.date.today().isoformat(), mode="quick" if a.quick else "full",
                 machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-                command="python scripts/bench.py" + (" --quick" if a.quick else ""),
+                command="python " + " ".join(["scripts/bench.py"] + sys.argv[1:]),
                 seconds=round(time.time() - started, 1))
     write(a.out, thr, figs, extra, meta)
     with open(os.path.join(a.out, "results.md")) as fh:
