@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from conftest import TFCLUSTER, base_env, no_process_left
+from conftest import TFCLUSTER, Procs, base_env, no_process_left
 from jobs.stream import Stream
 from tfcluster.ports import pick_free_ports
 
@@ -80,7 +80,6 @@ def async_faults(tmp_path_factory):
 
     The facts each test needs are recorded in ``run.facts`` as the faults happen.
     """
-    from conftest import Procs
     procs = Procs()
     tmp = tmp_path_factory.mktemp("async_faults")
     ckpt = str(tmp / "ckpt")
