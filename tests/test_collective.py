@@ -40,6 +40,33 @@ def _strategy(cfg):
     return s.with_towers(cfg["devices"]) if cfg.get("devices") else s
 
 
+def _with_feature_mean(model_fn):
+    """The model plus state no gradient touches: an EMA of the features' means, updated through UPDATE_OPS."""
+    import tensorflow as tf
+    from tfcluster.strategies import Mode
+    tf1 = tf.compat.v1
+
+    def fn(features, labels, mode):
+        out = model_fn(features, labels, mode)
+        if mode == Mode.TRAIN:
+            ema = tf1.get_variable("feature_mean", [features.shape[1]], initializer=tf1.zeros_initializer(),
+                                   trainable=False)
+            tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS,
+                                  ema.assign(0.9 * ema + 0.1 * tf.reduce_mean(features, 0)).op)
+        return out
+    return fn
+
+
+def feature_mean(data, steps, global_batch):
+    """What the EMA of the global batches' feature means is after ``steps`` steps, in numpy."""
+    ema = np.zeros(data["x"].shape[1])
+    per_pass = len(data["x"]) // global_batch
+    for t in range(steps):
+        i = (t % per_pass) * global_batch
+        ema = 0.9 * ema + 0.1 * data["x"][i:i + global_batch].mean(0)
+    return ema
+
+
 def _dump_at_end(strategy, path):
     """Make the strategy's graph dump this worker's variables (as its own session reads them) at the end."""
     import tensorflow as tf
@@ -79,8 +106,11 @@ def main(config_path):
     strategy = None
     if task["type"] != "ps":
         strategy = _dump_at_end(_strategy(cfg), os.path.join(cfg["out"], f"{name}.npz"))
+    model_fn = job.make_model_fn(data)
+    if cfg.get("feature_mean"):
+        model_fn = _with_feature_mean(model_fn)
     try:
-        result = fit(job.make_model_fn(data), job.make_input_fn(data), strategy=strategy,
+        result = fit(model_fn, job.make_input_fn(data), strategy=strategy,
                      optimizer=lambda: tf.compat.v1.train.GradientDescentOptimizer(cfg.get("lr", 0.5)),
                      steps=cfg["steps"], batch_size=cfg["batch"], checkpoint_dir=cfg["checkpoint_dir"],
                      save_checkpoint_secs=None, log_every_secs=1.0, startup_timeout=cfg.get("startup_timeout", 120))
@@ -169,8 +199,9 @@ def cluster_procs():
 
 @pytest.fixture(scope="module")
 def collective_run(tmp_path_factory, cluster_procs):
-    """2 workers, one replica each, no ps."""
-    return Run(tmp_path_factory.mktemp("collective"), cluster_procs, strategy="collective").start().wait(150)
+    """2 workers, one replica each, no ps; the model keeps an EMA of its input too (state no gradient updates)."""
+    return Run(tmp_path_factory.mktemp("collective"), cluster_procs, strategy="collective",
+               feature_mean=True).start().wait(150)
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +233,10 @@ def test_after_collective_steps_every_worker_holds_identical_variables(collectiv
     for k in w0:  # bit for bit, not to a tolerance: every worker applied the same summed gradient
         assert w0[k].tobytes() == w1[k].tobytes(), k
     assert int(w0["global_step"]) == int(w1["global_step"]) == STEPS
+    # Each worker updated the EMA from its own half of the batch; averaged after every step, it is the
+    # EMA of the whole global batch's means.
+    np.testing.assert_allclose(w0["feature_mean"], feature_mean(collective_run.data, STEPS, 2 * BATCH),
+                               rtol=1e-5, atol=1e-6)
     for name in ("worker0", "worker1"):
         assert "all 2 workers hold identical variables" in collective_run.log(name)
 

@@ -7,7 +7,10 @@ copy of the variables on its own CPU. Each step it computes its gradients
 the other workers through one ``CollectiveReduceV2`` per dtype (the gradients
 flattened into one vector), and applies the sum: every loss is already scaled
 to the global batch, so the sum is the gradient of the global batch's mean
-loss, and every worker applies the same update.
+loss, and every worker applies the same update. Model state that the update
+ops change from each worker's own batch (batch-norm moving averages) is
+averaged over the workers after each step, as MultiWorkerMirroredStrategy's
+MEAN aggregation does.
 
 How the pieces fit in graph mode:
 
@@ -163,12 +166,19 @@ class CollectiveAllReduceStrategy(Strategy):
         with self.scope():
             gs, opt, out, mean, grads, update_ops = build_single_replica(self, model_fn, next_batch, optimizer,
                                                                          per_replica_batch)
+            # Model state no gradient updates (batch-norm moving averages), before the optimizer adds its own.
+            model_state = [v for v in tf1.global_variables()
+                           if not v.trainable and v is not gs and v.dtype.base_dtype.is_floating and _sendable(v)]
             if self.num_workers > 1:
                 with tf1.name_scope("tfcluster_allreduce"):
                     grads = self._all_reduce(grads)
             with tf.control_dependencies([mean]):
                 train = opt.apply_gradients(grads, global_step=gs)
-            fetch = global_step_after([train] + update_ops, gs)
+            after = [train] + update_ops
+            if self.num_workers > 1 and update_ops and model_state:
+                with tf1.name_scope("tfcluster_average_state"):
+                    after = [train, self._average(model_state, update_ops)]
+            fetch = global_step_after(after, gs)
             hooks = []
             if self.num_workers > 1:
                 state = [v for v in tf1.global_variables() if _sendable(v)]
@@ -211,6 +221,19 @@ class CollectiveAllReduceStrategy(Strategy):
             for i, part in zip(idx, parts):
                 out[i] = tf.reshape(part, tf.shape(dense[i]))
         return [(g, v) for g, (_, v) in zip(out, grads)]
+
+    def _average(self, variables, after):
+        """Set each variable to its mean over the workers, once ``after`` (the update ops) ran.
+
+        Each worker updates such state from its own batch; averaging the
+        values is averaging the updates, as MultiWorkerMirroredStrategy's MEAN
+        aggregation does, and keeps the copies identical.
+        """
+        import tensorflow as tf
+        with tf.control_dependencies(list(after)):
+            values = [v.read_value() for v in variables]
+        summed = self._all_reduce([(x, v) for x, v in zip(values, variables)])
+        return tf.group(*[v.assign(total / float(self.num_workers), read_value=False) for total, v in summed])
 
     def _broadcast(self, variables):
         """Worker 0 sends every variable, the others receive and assign: one broadcast per dtype."""

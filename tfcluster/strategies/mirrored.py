@@ -35,7 +35,10 @@ Towers share variables by name, as in the TF1 tutorials: towers after the
 first run ``model_fn`` under ``variable_scope(reuse=True)``, so ``model_fn``
 must create its trainable variables with ``tf.compat.v1.get_variable`` or
 ``tf.compat.v1.layers`` with fixed names. Batch-norm style update ops and the
-regularisation loss are taken from the first tower, once per worker.
+regularisation loss are taken from the first tower, once per worker; batch
+norm in training normalises each tower's own batch (it is not synchronised
+across towers, as in TensorFlow's MirroredStrategy), so a batch-norm model is
+not the same computation as one device on the global batch.
 """
 
 import contextlib
@@ -322,7 +325,7 @@ class _TowerBuilder:
         return pairs
 
     def _tower(self, k, features, labels, trainables=None):
-        """Build tower k: model, scaled loss, gradients. Returns (out, scaled, mean, grads, update_ops)."""
+        """Build tower k: (model output, scaled loss, mean loss, gradients, update ops, trainable variables)."""
         tf, tf1 = self.tf, self.tf1
         n = len(self.devices)
         ctx = self.strategy.replica_context(self.per_replica_batch, tower=k)
@@ -336,7 +339,6 @@ class _TowerBuilder:
                 stack.enter_context(tf1.name_scope(f"tower_{k}"))
                 stack.enter_context(tf1.variable_creator_scope(self._later_creator(k)))
             stack.enter_context(tf1.device(_tower_device_fn(self.devices[k], self.mirrored and k == 0)))
-            updates_before = len(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
             try:
                 out = call_model_fn(self.model_fn, features, labels, Mode.TRAIN)
             except ValueError as e:
@@ -345,14 +347,15 @@ class _TowerBuilder:
                         f"tower {k} asked for a variable tower 0 did not create ({str(e).splitlines()[0]}); "
                         "towers share variables by name: give layers fixed names") from None
                 raise
-            updates = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)[updates_before:] if k == 0 else []
+            # Update ops (batch-norm statistics) run once per step: those that exist after tower 0.
+            updates = list(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)) if k == 0 else []
             if k == 0:
                 # Regularisation counts once per worker: tower 0 carries it for all n towers.
                 reg = out.regularization_loss
                 if reg is None:
                     reg = tf1.losses.get_regularization_loss()
                 out = dataclasses.replace(out, regularization_loss=tf.cast(reg, tf.float32) * float(n))
-                trainables = [v for v in tf1.trainable_variables()]
+                trainables = list(tf1.trainable_variables())
                 var_list = trainables
             else:
                 out = dataclasses.replace(out, regularization_loss=tf.constant(0.0))
@@ -401,6 +404,11 @@ class _OneProcessTowers(Strategy):
     def __init__(self, devices=None):
         super().__init__()
         self.towers = Towers(devices, storage=self.storage)
+
+    def with_towers(self, devices) -> "Strategy":
+        """Other tower devices, keeping this strategy's storage; returns self."""
+        self.towers = Towers(devices, storage=self.storage)
+        return self
 
     def bind(self, cluster) -> "Strategy":
         """Train alone; a cluster of more than one trainer (or with ps tasks) is refused."""
