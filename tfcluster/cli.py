@@ -15,7 +15,7 @@ import sys
 import threading
 
 from . import __version__
-from .cluster import Cluster, Task, TASK_TYPES, is_loopback, parse_address
+from .cluster import Cluster, TASK_TYPES, is_loopback, parse_address
 from .errors import TfclusterError
 from .launch import task_environment
 

@@ -207,7 +207,7 @@ def wait_for_cluster(cluster: Cluster, task: Optional[Task] = None, timeout: flo
 # ------------------------------------------------------------------- ending
 _DONE_CAPACITY = 4096
 #: Seconds a ps stays up after the last done token, so the sender hears back.
-_DONE_LINGER = 0.3
+_DONE_LINGER = 2.0
 
 
 def _done_queue(ps: Task):
@@ -251,8 +251,8 @@ def serve_until_done(server, cluster: Cluster, task: Optional[Task] = None,
             if seen >= expected:
                 log.info("every trainer is done; %s exits", t)
                 # The last trainer's enqueue reply and session close are
-                # still in flight; leaving at once would make it wait out
-                # its RPC deadline.
+                # still in flight; leaving at once made it wait out its RPC
+                # deadline. A launcher's SIGTERM cuts this wait short.
                 stop.wait(_DONE_LINGER)
                 return "done"
     return "stopped"
