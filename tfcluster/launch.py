@@ -518,8 +518,12 @@ class LocalLauncher:
             self._finished.set()
             self._stop(self.procs)
             self._sweep_adopted()
+            # Every process is gone, so each pipe ends as soon as its reader
+            # catches up; on a loaded machine that can take more than a
+            # second, and closing early lost a task's last lines.
+            drained_by = time.monotonic() + 10.0
             for p in self.procs:
-                p.drain(1.0)
+                p.drain(max(0.1, drained_by - time.monotonic()))
                 p.close()
             if prober is not None:
                 prober.join(2.0)
