@@ -26,6 +26,7 @@ p.add_argument("--mode", default=None)
 p.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
 p.add_argument("--steps", type=int, default=2000, help="global steps")
 p.add_argument("--batch", type=int, default=128, help="per-replica batch")
+p.add_argument("--devices", type=int, default=None, help="towers per process (virtual CPUs without GPUs)")
 a = p.parse_args()
 
 data_x, data_y = synthetic()
@@ -48,9 +49,12 @@ def input_fn(ctx):
 
 
 started = time.time()
-result = tfcluster.fit(model_fn, input_fn, strategy=a.mode, steps=a.steps, batch_size=a.batch,
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+from digits import make_strategy  # noqa: E402
+
+result = tfcluster.fit(model_fn, input_fn, strategy=make_strategy(a.mode, a.devices), steps=a.steps, batch_size=a.batch,
                        optimizer=lambda: tf1.train.GradientDescentOptimizer(0.01), log_every_secs=1e9)
 if result is not None:
     report(dict(peer=f"tfcluster_{a.mode or 'auto'}", task=result.task, examples_per_sec=result.examples_per_sec,
                 steps=result.local_steps, first_step_at=result.first_step_at,
-                last_step_at=getattr(result, "last_step_at", None) or time.time(), started=started))
+                last_step_at=result.last_step_at, timeline=result.timeline, batch=a.batch, started=started))
