@@ -287,3 +287,21 @@ def signal_done(cluster: Cluster, task: Optional[Task] = None, timeout: float = 
         except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError) as e:
             log.warning("could not tell %s that %s is done: %s", ps, t, str(e).splitlines()[0])
     return told
+
+
+# ------------------------------------------------------- false duplicates
+#: The text of TF 2.21's false-duplicate abort (pitfalls item 15).
+DUPLICATE_MARK = "request was received twice"
+
+
+def is_false_duplicate(error) -> bool:
+    """True for TF's ``AbortedError: The same RunGraph request was received twice``.
+
+    TF 2.21 draws RunGraph request ids from a generator seeded with 32 bits
+    per step thread, so about one step in 43,000 collides with one of the
+    100,000 ids a worker remembers and is rejected before it runs, although
+    nothing was sent twice (see ``scripts/repro_request_twice.py``). It is no
+    preemption: the step is rerun, not the session recreated from a checkpoint.
+    """
+    import tensorflow as tf
+    return isinstance(error, tf.errors.AbortedError) and DUPLICATE_MARK in str(error)

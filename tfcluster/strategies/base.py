@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import TfclusterError
+from ..server import is_false_duplicate
 
 log = logging.getLogger("tfcluster")
 
@@ -161,23 +162,6 @@ def compute_gradients(optimizer, scaled_loss, var_list=None):
 
 
 # ------------------------------------------------------------------ stepping
-#: The text of TF 2.21's false-duplicate abort (pitfalls item 15).
-DUPLICATE_MARK = "request was received twice"
-
-
-def is_false_duplicate(error) -> bool:
-    """True for TF's ``AbortedError: The same RunGraph request was received twice``.
-
-    TF 2.21 draws RunGraph request ids from a generator seeded with 32 bits
-    per step thread, so about one step in 43,000 collides with one of the
-    100,000 ids a worker remembers and is rejected before it runs, although
-    nothing was sent twice (see ``scripts/repro_request_twice.py``). It is no
-    preemption: the step is rerun, not the session recreated from a checkpoint.
-    """
-    import tensorflow as tf
-    return isinstance(error, tf.errors.AbortedError) and DUPLICATE_MARK in str(error)
-
-
 def rerun_false_duplicates(fn, *args, attempts: int = 5, **kwargs):
     """``fn(*args, **kwargs)``, run again (up to ``attempts`` times) when TF rejects it as a false duplicate."""
     for attempt in range(1, attempts + 1):

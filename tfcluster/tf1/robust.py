@@ -43,10 +43,10 @@ import inspect
 import logging
 import threading
 
+from ..server import is_false_duplicate
+
 log = logging.getLogger("tfcluster")
 
-#: The text of TF's false-duplicate abort.
-DUPLICATE_MARK = "request was received twice"
 #: SessionManager's (and Supervisor's) default readiness poll, in seconds.
 TF_DEFAULT_RECOVERY_WAIT = 30
 #: MonitoredSession's default wait for its threads when it closes, in seconds.
@@ -55,12 +55,6 @@ TF_DEFAULT_STOP_GRACE = 120
 _state = threading.local()
 _patched = set()
 _lock = threading.Lock()
-
-
-def is_false_duplicate(error) -> bool:
-    """True for TF's ``AbortedError: The same ... request was received twice``."""
-    import tensorflow as tf
-    return isinstance(error, tf.errors.AbortedError) and DUPLICATE_MARK in str(error)
 
 
 def _first_line(error) -> str:
