@@ -359,6 +359,36 @@ def test_a_false_duplicate_abort_is_retried_and_a_real_restart_says_what_it_thro
                           "by a preempted ps (injected).") == 2
 
 
+# A queue runner still blocked when its MonitoredTrainingSession has joined the
+# threads (SyncReplicasOptimizer's chief queue runner waits for gradients that
+# never come) gets its step cancelled when the session closes.
+LATE_QUEUE_RUNNER = r'''
+import time
+import tensorflow as tf
+never_fed = tf.FIFOQueue(1, tf.int32)
+tokens = tf.FIFOQueue(1, tf.int32)
+runner = tf.train.QueueRunner(tokens, [tokens.enqueue(never_fed.dequeue())])
+coord = tf.train.Coordinator()
+sess = tf.Session()
+threads = runner.create_threads(sess, coord=coord, start=True)
+time.sleep(1.0)  # the runner is now blocked in its step (a stop asked earlier ends it cleanly)
+coord.request_stop()
+coord.join(threads, stop_grace_period_secs=0.2, ignore_live_threads=True)
+sess.close()
+for t in threads:
+    t.join(10)
+print("late threads alive:", sum(t.is_alive() for t in threads))
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_queue_runner_cancelled_after_its_coordinator_joined_ends_without_a_traceback(tmp_path):
+    r = _run_tf1(tmp_path, LATE_QUEUE_RUNNER)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == "late threads alive: 0\n"
+    assert "Exception in thread" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
 # ------------------------------------------- launcher options for legacy scripts
 @pytest.mark.parametrize("args, says", [
     (["--cluster", "c.json", "--ports", "1,2,3"], "give --cluster FILE or --ports LIST, not both"),
@@ -460,7 +490,8 @@ def test_tf_config_script_with_a_chief_trains_in_sync_and_both_replicas_leave(tm
     code, out = run_local(tmp_path, "--tf1", "--ps", "1", "--workers", "1", "--chief", "--",
                           "python", os.path.join(LEGACY, "tfconfig_sync.py"), mnist_dir)
     assert code == 0, out[-4000:]
-    assert "[chief:0] chief 0: done" in out and "[worker:0] worker 0: done" in out
+    assert "[chief:0] chief 0: done" in out and "[worker:0] worker 0: done" in out, out[-3000:]
+    assert "Exception in thread" not in out, out[-3000:]    # the chief queue runner ends quietly
     assert_falls(_losses(out, "[chief:0]"), "chief")
 
 

@@ -196,6 +196,7 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
     stop_grace = _seconds(STOP_GRACE_ENV, DEFAULT_STOP_GRACE_SECS)
     if stop_grace != robust.TF_DEFAULT_STOP_GRACE:
         robust.quick_stop(stop_grace)
+    robust.quiet_late_queue_runners()
     if retry_duplicates:
         robust.retry_false_duplicates()
     robust.warn_on_recovery()

@@ -33,6 +33,12 @@ blocked elsewhere never does: SyncReplicasOptimizer's chief queue runner waits
 for gradients that will never come, so a synchronous chief sat two minutes at
 the end of every run before the session close cancelled that step anyway.
 :func:`quick_stop` shortens that default grace; the threads end the same way.
+And a thread still blocked when the session finally closes gets its step
+cancelled; it reports that to the coordinator, which was already joined and so
+raises it again, in the thread: half a traceback ("Exception in thread
+QueueRunnerThread-sync_token_q...") lands in the middle of the script's last
+lines as the interpreter exits. :func:`quiet_late_queue_runners` lets such a
+thread end quietly: the run it served is already over.
 
 **Slow readiness polls** (pitfalls item 4). :func:`fast_ready_polling` makes
 SessionManager poll "is the model ready?" every second instead of every 30 s
@@ -172,3 +178,25 @@ def quick_stop(seconds: float = 5.0):
 
     __init__.__wrapped__ = original
     ms._CoordinatedSession.__init__ = __init__
+
+
+def quiet_late_queue_runners():
+    """Let a queue-runner thread whose coordinator was already joined end without a traceback."""
+    with _lock:
+        if "late" in _patched:
+            return
+        _patched.add("late")
+    from tensorflow.python.training import queue_runner_impl as qr
+
+    original = qr.QueueRunner._run
+
+    def _run(self, sess, enqueue_op, coord=None):
+        try:
+            original(self, sess, enqueue_op, coord)
+        except Exception as e:  # noqa: BLE001 - only re-raised by a coordinator that was already joined
+            if coord is None or not coord.joined:
+                raise
+            log.debug("queue runner %s ended after its coordinator was joined: %s", self.name, _first_line(e))
+
+    _run.__wrapped__ = original
+    qr.QueueRunner._run = _run
