@@ -69,9 +69,9 @@ def run_local(workload, ps=1, workers=2, extra=(), timeout=300):
     exited = time.time()
     shutil.rmtree(logs, ignore_errors=True)
     results = parse_bench(p.stdout)
-    if p.returncode != 0 or len(results) < workers:
+    if p.returncode != 0 or len(results) < max(workers, 1):
         raise RuntimeError(f"{' '.join(workload)} failed (exit {p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return dict(launched=launched, exited=exited, results=results)
+    return dict(launched=launched, exited=exited, results=results, layout=f"{workers} workers, {ps} ps")
 
 
 def run_single(workload, timeout=600):
@@ -81,7 +81,7 @@ def run_single(workload, timeout=600):
     results = parse_bench(p.stdout)
     if p.returncode != 0 or not results:
         raise RuntimeError(f"{' '.join(workload)} failed (exit {p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return dict(launched=launched, exited=time.time(), results=results)
+    return dict(launched=launched, exited=time.time(), results=results, layout="1 process")
 
 
 def run_tf2_pss(steps_seconds, timeout=600):
@@ -109,7 +109,7 @@ def run_tf2_pss(steps_seconds, timeout=600):
     results = parse_bench(p.stdout)
     if p.returncode != 0 or not results:
         raise RuntimeError(f"tf2_pss failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
-    return dict(launched=launched, exited=time.time(), results=results)
+    return dict(launched=launched, exited=time.time(), results=results, layout="chief, 2 workers, 1 ps")
 
 
 def tcp_loopback_bps(megabytes=64, seconds=3.0):
@@ -161,7 +161,9 @@ def _steps_at(timeline, t):
 
 
 def cluster_throughput(run):
-    """Examples/s of the whole cluster over the window in which every worker stepped."""
+    """Examples/s of the whole cluster over the window in which every worker stepped (None: the run failed)."""
+    if run is None:
+        return None
     rs = run["results"]
     if len(rs) == 1 and rs[0].get("cluster_total") or "timeline" not in rs[0]:
         return sum(r["examples_per_sec"] for r in rs)
@@ -175,11 +177,15 @@ def cluster_throughput(run):
 
 def first_steps_after_launch(run):
     """Seconds from launch until every worker had taken its first step."""
+    if run is None:
+        return None
     return max(r["first_step_at"] for r in run["results"]) - run["launched"]
 
 
 def teardown_seconds(run):
     """Seconds from the last step of any worker to the launcher's exit (every process gone)."""
+    if run is None:
+        return None
     return run["exited"] - max(r["last_step_at"] for r in run["results"])
 
 
@@ -204,6 +210,8 @@ def measure(quick, steps=None, reps=None):
     }
     if not quick:
         configs["tfcluster_sync"] = lambda: run_local([fit, "--mode", "sync", "--steps", str(steps)])
+        configs["tfcluster_async_1w"] = lambda: run_local([fit, "--mode", "async", "--steps", str(steps // 2)],
+                                                          workers=1)
         configs["single_b256"] = lambda: run_single([fit, "--mode", "local", "--steps", str(steps // 2),
                                                      "--batch", "256"])
         configs["tf2_pss"] = lambda: run_tf2_pss(20)
@@ -231,10 +239,11 @@ def measure(quick, steps=None, reps=None):
                 print(f"bench: {name} rep {rep + 1}/{reps}: {cluster_throughput(runs[name][-1]):.0f} examples/s "
                       f"({time.time() - t:.0f}s)", flush=True)
             except Exception as e:  # a broken row is reported, not fatal to the others
+                runs[name].append(None)  # keeps every row's repeats aligned for the paired ratios
                 print(f"bench: {name} rep {rep + 1} failed: {str(e).splitlines()[0]}", flush=True)
 
     pull_env_mb = 16 if quick else 64
-    pulls, tcps, imports = [], [], []
+    pulls, wholes, tcps, imports = [], [], [], []
     for _ in range(reps):
         tcps.append(tcp_loopback_bps(pull_env_mb, 2.0 if quick else 4.0))
         pull = subprocess.run([PY, "-m", "tfcluster", "local", "--ps", "1", "--workers", "1", "--", PY,
@@ -242,18 +251,24 @@ def measure(quick, steps=None, reps=None):
                               env=child_env(BENCH_PULL_MB=pull_env_mb, BENCH_SECONDS=2 if quick else 5))
         r = parse_bench(pull.stdout)
         pulls.append(r[0]["bytes_per_sec"] if r else None)
+        wholes.append(r[0]["whole_bytes_per_sec"] if r else None)
         imports.append(tf_import_seconds())
-    return runs, dict(pull=pulls, tcp=tcps, tf_import=imports), dict(steps=steps, reps=reps)
+    return runs, dict(pull=pulls, pull_whole=wholes, tcp=tcps, tf_import=imports), dict(steps=steps, reps=reps)
 
 
 def ratio(a, b):
-    """Per-repeat ratios a[i]/b[i] (the pairs were measured side by side)."""
+    """Per-repeat ratios a[i]/b[i] (the pairs were measured side by side; a failed repeat is None)."""
     return [x / y for x, y in zip(a, b) if x and y]
+
+
+def best(a, b):
+    """Per-repeat best of two rows (None where both failed)."""
+    return [max([v for v in pair if v], default=None) for pair in zip(a, b)]
 
 
 def figures(runs, extra):
     thr = {k: [cluster_throughput(r) for r in v] for k, v in runs.items()}
-    single = [max(a, b) for a, b in zip(thr.get("single_b128", []), thr.get("single_b256") or thr["single_b128"])]
+    single = best(thr["single_b128"], thr.get("single_b256") or thr["single_b128"])
     f = {}
     f["P1 tfcluster async / raw TF1 async"] = (ratio(thr["tfcluster_async"], thr["raw_tf1_async"]), ">= 1.2")
     if thr.get("tf2_pss"):
@@ -261,6 +276,9 @@ def figures(runs, extra):
     if thr.get("tfcluster_sync"):
         f["P3 tfcluster sync / async"] = (ratio(thr["tfcluster_sync"], thr["tfcluster_async"]), ">= 0.85")
     f["P4 cluster total / best single process"] = (ratio(thr["tfcluster_async"], single), ">= 0.9")
+    if thr.get("tfcluster_async_cnn"):
+        f["P4 for the CNN: cluster total / single process"] = (ratio(thr["tfcluster_async_cnn"], thr["single_cnn"]),
+                                                               ">= 0.9")
     imp = statistics.median(extra["tf_import"])
     f["P5 s launch to every first step (tfcluster)"] = (
         [first_steps_after_launch(r) for r in runs["tfcluster_async"]], f"<= {imp + 2:.1f} (TF import {imp:.1f} + 2)")
@@ -268,6 +286,7 @@ def figures(runs, extra):
         [first_steps_after_launch(r) for r in runs["raw_tf1_async"]], "peer")
     f["P6 s last step to every process gone"] = ([teardown_seconds(r) for r in runs["tfcluster_async"]], "<= 2")
     f["P7 ps pull bytes/s / TCP loopback bytes/s"] = (ratio(extra["pull"], extra["tcp"]), ">= 0.5")
+    f["P7 one whole variable, as plain TF places it / TCP"] = (ratio(extra["pull_whole"], extra["tcp"]), "peer")
     if thr.get("mirrored_2"):
         for n in (2, 4):
             f[f"towers {n} virtual devices / single_b128"] = (ratio(thr[f"mirrored_{n}"], thr["single_b128"]), "")
@@ -276,10 +295,16 @@ def figures(runs, extra):
     return thr, {k: dict(summary(v) or {}, goal=g) for k, (v, g) in f.items()}
 
 
-def write(out, thr, figs, extra, meta):
+def layouts(runs):
+    """Each row's processes (e.g. ``2 workers, 1 ps``), from its first run that worked."""
+    return {k: next((r["layout"] for r in v if r), "") for k, v in runs.items()}
+
+
+def write(out, thr, figs, extra, meta, layout):
     os.makedirs(out, exist_ok=True)
     doc = dict(meta, throughput={k: summary(v) for k, v in thr.items()}, figures=figs,
-               pull_bytes_per_sec=summary(extra["pull"]), tcp_bytes_per_sec=summary(extra["tcp"]),
+               pull_bytes_per_sec=summary(extra["pull"]), pull_whole_bytes_per_sec=summary(extra["pull_whole"]),
+               tcp_bytes_per_sec=summary(extra["tcp"]), layouts=layout,
                tf_import_seconds=summary(extra["tf_import"]))
     with open(os.path.join(out, "results.json"), "w") as fh:
         json.dump(doc, fh, indent=2)
@@ -289,11 +314,11 @@ def write(out, thr, figs, extra, meta):
     for k, v in figs.items():
         if v.get("median") is not None:
             lines.append(f"| {k} | {v['median']:.2f} | {v['min']:.2f}-{v['max']:.2f} | {v['goal']} |")
-    lines += ["", "| run | median examples/s | spread |", "|---|---|---|"]
+    lines += ["", "| run | processes | median examples/s | spread |", "|---|---|---|---|"]
     for k, v in thr.items():
         s = summary(v)
         if s:
-            lines.append(f"| {k} | {s['median']:.0f} | {s['min']:.0f}-{s['max']:.0f} |")
+            lines.append(f"| {k} | {layout.get(k, '')} | {s['median']:.0f} | {s['min']:.0f}-{s['max']:.0f} |")
     with open(os.path.join(out, "results.md"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
     try:
@@ -303,12 +328,14 @@ def write(out, thr, figs, extra, meta):
     except ImportError:
         print("bench: matplotlib is not installed (pip install -e '.[bench]'); no plot", flush=True)
         return
-    names = [k for k, v in thr.items() if v]
-    med = [statistics.median(thr[k]) for k in names]
-    lo = [m - min(thr[k]) for m, k in zip(med, names)]
-    hi = [max(thr[k]) - m for m, k in zip(med, names)]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    ax.barh(names, med, xerr=[lo, hi], color="#4477aa")
+    rows = {k: summary(v) for k, v in thr.items() if summary(v)}
+    names = list(rows)
+    med = [rows[k]["median"] for k in names]
+    lo = [rows[k]["median"] - rows[k]["min"] for k in names]
+    hi = [rows[k]["max"] - rows[k]["median"] for k in names]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.5))
+    ax.barh([f"{k} ({layout.get(k, '')})" for k in names], med, xerr=[lo, hi], color="#4477aa")
+    ax.invert_yaxis()
     ax.set_xlabel("examples/s (whole cluster; median, min-max)")
     ax.set_title(f"tfcluster throughput, {meta['date']}, {meta['machine']}")
     fig.tight_layout()
@@ -329,7 +356,7 @@ def main():
                 machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
                 command="python " + " ".join(["scripts/bench.py"] + sys.argv[1:]),
                 seconds=round(time.time() - started, 1))
-    write(a.out, thr, figs, extra, meta)
+    write(a.out, thr, figs, extra, meta, layouts(runs))
     with open(os.path.join(a.out, "results.md")) as fh:
         print(fh.read())
     print(f"bench: wrote {a.out}/ in {meta['seconds']:.0f}s")

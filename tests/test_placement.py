@@ -71,6 +71,51 @@ def test_small_variables_are_not_partitioned():
     assert p(tf.TensorShape([2, 1 << 20]), tf.float32) == [2, 1]  # no more parts than rows
 
 
+def test_a_variable_bigger_than_the_shard_size_is_cut_into_parts_no_bigger():
+    p = partition_big_variables(1, min_bytes=0, max_shard_bytes=8 * MB)
+    assert p(tf.TensorShape([4096, 1024]), tf.float32) == [2, 1]     # 16 MB -> two of 8 MB
+    assert p(tf.TensorShape([5000, 1024]), tf.float32) == [3, 1]     # 19.5 MB -> three
+    assert p(tf.TensorShape([784, 512]), tf.float32) == [1, 1]
+
+
+def variables_in_ps_scope(make, **options):
+    """Run ``make()`` inside a ParameterServerStrategy's scope (graph only); return its variables by name."""
+    from tfcluster.strategies import ParameterServerStrategy
+    strategy = ParameterServerStrategy("async", **options).bind(
+        Cluster({"worker": ["localhost:1"], "ps": ["localhost:2"]}, ("worker", 0)))
+    with tf1.Graph().as_default(), strategy.scope():
+        make()
+        return {v.op.name: v for v in tf1.global_variables()}
+
+
+def test_ps_training_keeps_each_part_of_a_big_variable_at_most_8_mb():
+    got = variables_in_ps_scope(lambda: (tf1.get_variable("emb", [5000, 1024]), tf1.get_variable("w", [784, 512])))
+    assert sorted(got) == ["emb/part_0", "emb/part_1", "emb/part_2", "w"]
+    assert all(v.device == PS0 for v in got.values())
+    assert max(v.shape.num_elements() * 4 for v in got.values()) <= 8 * MB
+
+
+@pytest.mark.parametrize("how", ["numpy value", "constant_initializer of an array", "own partitioner",
+                                 "max_shard_bytes=None"])
+def test_a_big_variable_stays_whole_where_parts_cannot_be_made_or_were_not_asked_for(how):
+    big = tf.zeros([4096, 1024]).shape
+
+    def make():
+        if how == "numpy value":
+            import numpy as np
+            tf1.get_variable("v", initializer=np.ones(big, np.float32))
+        elif how == "constant_initializer of an array":
+            import numpy as np
+            tf1.get_variable("v", big, initializer=tf1.constant_initializer(np.ones(big, np.float32)))
+        elif how == "own partitioner":
+            with tf1.variable_scope("", partitioner=tf1.fixed_size_partitioner(4)):
+                tf1.get_variable("v", big)
+        else:
+            tf1.get_variable("v", big)
+    got = variables_in_ps_scope(make, **({"max_shard_bytes": None} if how == "max_shard_bytes=None" else {}))
+    assert sorted(got) == (["v/part_%d" % i for i in range(4)] if how == "own partitioner" else ["v"])
+
+
 def test_non_variable_ops_go_to_the_worker_device_and_explicit_pins_are_kept():
     setter = device_setter(two_ps_cluster(("worker", 1)))
     g = tf1.Graph()

@@ -40,7 +40,8 @@ import time
 from typing import Optional
 
 from ..errors import SpecError, TfclusterError
-from ..placement import SYNC_STATE_COLLECTION, ByteBalancedSetter, partition_big_variables
+from ..placement import (MAX_SHARD_BYTES, SYNC_STATE_COLLECTION, ByteBalancedSetter, partition_big_variables,
+                         partitioning_getter)
 from .base import (StepResult, StepRunner, Strategy, TrainGraph, build_single_replica,
                    global_step_after, is_false_duplicate, rerun_false_duplicates)
 
@@ -60,13 +61,17 @@ class ParameterServerStrategy(Strategy):
 
     ``replicas_to_aggregate`` (sync only, default: every worker) is R; the
     other workers are backups. ``partition_min_bytes`` splits variables at
-    least that big across the ps tasks. ``stall_warn_secs`` and
+    least that big across the ps tasks. ``max_shard_bytes`` (8 MB; None
+    turns it off) splits any bigger variable into parts no bigger, which a
+    worker pulls several times faster than one big tensor; the checkpoint
+    still holds each variable whole. ``stall_warn_secs`` and
     ``stall_timeout_secs`` bound sync waits (a training step must take less
     than ``stall_warn_secs``).
     """
 
     def __init__(self, mode: str = "async", replicas_to_aggregate: Optional[int] = None,
-                 partition_min_bytes: Optional[int] = None, stall_warn_secs: float = 30.0,
+                 partition_min_bytes: Optional[int] = None, max_shard_bytes: Optional[int] = MAX_SHARD_BYTES,
+                 stall_warn_secs: float = 30.0,
                  stall_timeout_secs: Optional[float] = 600.0):
         super().__init__()
         if mode not in MODES:
@@ -77,7 +82,10 @@ class ParameterServerStrategy(Strategy):
             raise SpecError(f"stall_warn_secs must be > 0, got {stall_warn_secs}")
         self.mode = mode
         self._replicas_to_aggregate = replicas_to_aggregate
+        if max_shard_bytes is not None and max_shard_bytes < 1:
+            raise SpecError(f"max_shard_bytes must be >= 1 (or None), got {max_shard_bytes}")
         self.partition_min_bytes = partition_min_bytes
+        self.max_shard_bytes = max_shard_bytes
         self.stall_warn_secs = float(stall_warn_secs)
         self.stall_timeout_secs = stall_timeout_secs
         self.setter = None
@@ -115,15 +123,17 @@ class ParameterServerStrategy(Strategy):
 
     @contextlib.contextmanager
     def scope(self):
-        """Variables go to the ps tasks by bytes (big ones partitioned); other ops to this worker."""
+        """Variables go to the ps tasks by bytes (big ones in parts); other ops to this worker."""
         import tensorflow as tf
         tf1 = tf.compat.v1
         self.setter = ByteBalancedSetter.for_cluster(self.cluster)
         with contextlib.ExitStack() as stack:
             stack.enter_context(tf1.device(self.setter))
-            if self.partition_min_bytes:
-                p = partition_big_variables(self.cluster.num_tasks("ps"), self.partition_min_bytes)
-                stack.enter_context(tf1.variable_scope(tf1.get_variable_scope(), partitioner=p,
+            if self.partition_min_bytes or self.max_shard_bytes:
+                across = self.cluster.num_tasks("ps") if self.partition_min_bytes else 1
+                p = partition_big_variables(across, self.partition_min_bytes or 0,
+                                            max_shard_bytes=self.max_shard_bytes)
+                stack.enter_context(tf1.variable_scope(tf1.get_variable_scope(), custom_getter=partitioning_getter(p),
                                                        auxiliary_name_scope=False))
             yield
 
