@@ -35,7 +35,6 @@ the ps, the price of exactness; they are not checkpointed.
 
 import contextlib
 import logging
-import math
 import time
 from typing import Optional
 
@@ -288,8 +287,12 @@ class _SyncBuilder:
                 return tf.constant(True)
         return tf1.cond(tf.equal(q.size(), 0), put, lambda: tf.constant(False))
 
-    def _apply(self):
+    def _apply(self, deps=()):
         """On the chief: add the slots stamped with the current step, apply once, wake everyone."""
+        with self.tf.control_dependencies(list(deps)):
+            return self._apply_after()
+
+    def _apply_after(self):
         tf, tf1 = self.tf, self.tf1
         with tf1.device(self.worker):
             step = self.local_step.read_value()
@@ -357,10 +360,11 @@ class _SyncBuilder:
         tf, tf1 = self.tf, self.tf1
         stamped, step = self._push(deps=self.update_ops)
         count = self._wait_for_gradients(step, deps=[stamped])
+        # The usual step is one run: push, wait, apply. Its second run cost
+        # sync 8% of its throughput (scripts/bench.py, P3).
+        first = self._apply(deps=[count])
         with tf1.device(self.worker):
-            # Both waits return the step they waited for.
-            with tf.control_dependencies([count]):
-                first = tf.identity(step)
+            # The retry waits, then apply runs on its own.
             waiting_for = self.local_step.read_value()
             with tf.control_dependencies([self._wait_for_gradients(waiting_for)]):
                 retry = tf.identity(waiting_for)
@@ -378,8 +382,19 @@ class _SyncBuilder:
         return _SyncRunner(self, chief=False, first=first, retry=retry)
 
 
+def _warn_rejected(step: int, applied: bool, attempt: int):
+    """Say that TF falsely rejected (part of) sync step ``step`` and what happens next."""
+    if applied:
+        log.warning("TF falsely rejected part of sync step %d as a duplicate request (pitfalls item 15) "
+                    "after the global step moved on; with several ps, some of them may have missed that "
+                    "one update", step)
+    else:
+        log.warning("TF rejected sync step %d as a duplicate request although it was sent once "
+                    "(pitfalls item 15); running it again (attempt %d of 5)", step, attempt + 1)
+
+
 class _SyncRunner(StepRunner):
-    """One sync step: chief = push+wait, then apply; worker = push+wait. Waits time out into stall reports."""
+    """One sync step: chief = push+wait+apply; worker = push+wait. Waits time out into stall reports."""
 
     def __init__(self, b: _SyncBuilder, chief: bool, first, retry, apply=None, settle=None):
         super().__init__(first, b.mean)
@@ -410,42 +425,56 @@ class _SyncRunner(StepRunner):
         self._apply = mk(self.apply) if self.chief else None
         self._settle = mk(self.settle) if self.chief else None
         self._report = mk(self.report)
+        self._loss_now = mk(self.last_loss_value)
 
     def step(self, with_extra: bool = False) -> StepResult:
         """Run one sync step; a wait that outlasts stall_warn_secs is reported and resumed."""
         started = time.monotonic()
-        extra, loss = None, math.nan
+        with_extra = with_extra and self._first_extra is not None
+        first = self._first_extra if with_extra else self._first
         try:
-            # Pushes and waits are idempotent, so a falsely rejected one is simply rerun.
-            if with_extra and self._first_extra is not None:
-                got, loss, extra = rerun_false_duplicates(self._first_extra, options=self.options)
+            if self.chief:
+                out = self._first_on_chief(first)
             else:
-                got, loss = rerun_false_duplicates(self._first, options=self.options)
+                # Pushes and waits are idempotent, so a falsely rejected one is simply rerun.
+                out = rerun_false_duplicates(first, options=self.options)
         except self.tf.errors.DeadlineExceededError:
             got, loss = self._wait(started)
-        if self.chief:
-            got = self._apply_step(int(got))
+            if self.chief:
+                got = self._apply_step(int(got))
+            out = (got, loss, None)
+        got, loss, extra = out if len(out) == 3 else (*out, None)
         self.steps_done += 1
         return StepResult(int(got), float(loss), extra)
 
-    def _apply_step(self, step):
-        """Apply sync step ``step`` once, even when TF falsely rejects part of the apply."""
+    def _first_on_chief(self, first):
+        """The chief's push+wait+apply, rerun when TF falsely rejects it, unless the step was applied."""
         for attempt in range(1, 6):
+            try:
+                return first(options=self.options)
+            except self.tf.errors.AbortedError as e:
+                if attempt == 5 or not is_false_duplicate(e):
+                    raise
+            step, gs, _ = self._report()
+            _warn_rejected(step, gs > step, attempt)
+            if gs > step:
+                return int(rerun_false_duplicates(self._settle)), float(self._loss_now()), None
+
+    def _apply_step(self, step):
+        """Apply sync step ``step`` once (after a stalled wait), even when TF falsely rejects part of it."""
+        for attempt in range(1, 6):
+            # The coordinator ps either applied the step (global step moved on)
+            # or did not; only another ps's part can have been lost.
+            gs = int(rerun_false_duplicates(self._settle))
+            if attempt > 1:
+                _warn_rejected(step, gs > step, attempt - 1)
+            if gs > step:
+                return gs
             try:
                 return self._apply()
             except self.tf.errors.AbortedError as e:
                 if attempt == 5 or not is_false_duplicate(e):
                     raise
-            # The coordinator ps either applied the step (global step moved on)
-            # or did not; only another ps's part can have been lost.
-            gs = int(rerun_false_duplicates(self._settle))
-            if gs > step:
-                log.warning("TF falsely rejected part of sync step %d as a duplicate request (pitfalls "
-                            "item 15) after the global step moved on; with several ps, some of them may "
-                            "have missed that one update", step)
-                return gs
-            log.warning("TF rejected sync step %d as a duplicate request although it was sent once "
-                        "(pitfalls item 15); applying it again (attempt %d of 5)", step, attempt + 1)
 
     def _wait(self, started):
         while True:
