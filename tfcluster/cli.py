@@ -382,8 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="use this cluster (JSON, as for 'start') instead of free ports: for scripts with "
                          "hard-coded ports; every task must be on this machine")
     lo.add_argument("--ports", metavar="P,P,...",
-                    help="use these ports instead of free ones, in the order tfcluster spec lists tasks: "
-                         "chief, workers, ps (e.g. --ps 1 --workers 2 --ports 2223,2224,2222)")
+                    help="use these ports instead of free ones, one per task in this order: the chief, "
+                         "the workers, then the ps tasks (e.g. --ps 1 --workers 2 --ports 2223,2224,2222 "
+                         "puts worker:0 on 2223, worker:1 on 2224 and ps:0 on 2222)")
     lo.add_argument("--join-grace", type=float, metavar="S",
                     help="S seconds after the chief (or worker 0) finished, stop trainers still running as "
                          "left in server.join() (default: wait for every trainer)")
