@@ -3,14 +3,16 @@
 
     python scripts/bench.py            # full figures (about 15-25 minutes on 2 cores)
     python scripts/bench.py --quick    # a smoke run for CI (under 2 minutes)
+    python scripts/bench.py --rows tfcluster_sync,tfcluster_async --reps 5   # some rows only
 
 Every figure compares A with B interleaved in one run (the order rotates each
 repeat), and reports the median with its min-max spread. Results go to
 ``--out`` (default ``bench-results/``): results.json, results.md and, when
 matplotlib is installed (``pip install -e '.[bench]'``), throughput.png.
 
-Workloads (scripts/bench/): an MLP 784-512-10 with batch 128 per worker on
-in-memory data, on 1 ps + 2 workers unless a row says otherwise.
+Workloads (scripts/bench/): an MLP 784-512-10 with batch 128 per worker (per
+tower, in the tower rows) on in-memory data, on 1 ps + 2 workers unless a row
+says otherwise, and the tutorials' CNN.
 Cluster throughput is measured over the window in which every worker was
 stepping, from each worker's step timeline, so a worker that starts late
 (raw TF1's non-chief waits 30 s for the model) does not distort it.
@@ -18,6 +20,7 @@ stepping, from each worker's step timeline, so a worker that starts late
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -198,7 +201,7 @@ def summary(values):
 
 
 # -------------------------------------------------------------------- driver
-def measure(quick, steps=None, reps=None):
+def measure(quick, steps=None, reps=None, rows=None):
     steps = steps or (200 if quick else 3000)
     reps = reps or (1 if quick else 3)
     fit = os.path.join(BENCH, "tfcluster_fit.py")
@@ -225,9 +228,21 @@ def measure(quick, steps=None, reps=None):
             for n in (2, 4):
                 configs[f"mirrored_{n}"] = (lambda n=n: run_single(
                     [fit, "--mode", "mirrored", "--devices", str(n), "--steps", str(steps // n), "--batch", "128"]))
+            configs["central_2"] = lambda: run_single([fit, "--mode", "central", "--devices", "2",
+                                                       "--steps", str(steps // 2)])
             configs["collective_2w"] = lambda: run_local([fit, "--mode", "collective", "--steps", str(steps)], ps=0)
+            configs["collective_2w_towers_2"] = lambda: run_local(
+                [fit, "--mode", "collective", "--devices", "2", "--steps", str(steps // 2)], ps=0)
+            configs["tfcluster_sync_towers_2"] = lambda: run_local(
+                [fit, "--mode", "sync", "--devices", "2", "--steps", str(steps // 2)])
         except Exception:
             pass
+    if rows is not None:
+        unknown = sorted(set(rows) - set(configs) - {"pull"})
+        if unknown:
+            raise SystemExit(f"bench: no row {', '.join(unknown)} in {'quick' if quick else 'full'} mode; "
+                             f"rows: {', '.join(list(configs) + ['pull'])}")
+        configs = {k: v for k, v in configs.items() if k in rows}
     runs = {name: [] for name in configs}
     names = list(configs)
     for rep in range(reps):
@@ -245,6 +260,9 @@ def measure(quick, steps=None, reps=None):
     pull_env_mb = 16 if quick else 64
     pulls, wholes, tcps, imports = [], [], [], []
     for _ in range(reps):
+        imports.append(tf_import_seconds())
+        if rows is not None and "pull" not in rows:
+            continue
         tcps.append(tcp_loopback_bps(pull_env_mb, 2.0 if quick else 4.0))
         pull = subprocess.run([PY, "-m", "tfcluster", "local", "--ps", "1", "--workers", "1", "--", PY,
                                os.path.join(BENCH, "pull.py")], capture_output=True, text=True, timeout=300,
@@ -252,7 +270,6 @@ def measure(quick, steps=None, reps=None):
         r = parse_bench(pull.stdout)
         pulls.append(r[0]["bytes_per_sec"] if r else None)
         wholes.append(r[0]["whole_bytes_per_sec"] if r else None)
-        imports.append(tf_import_seconds())
     return runs, dict(pull=pulls, pull_whole=wholes, tcp=tcps, tf_import=imports), dict(steps=steps, reps=reps)
 
 
@@ -268,30 +285,41 @@ def best(a, b):
 
 def figures(runs, extra):
     thr = {k: [cluster_throughput(r) for r in v] for k, v in runs.items()}
-    single = best(thr["single_b128"], thr.get("single_b256") or thr["single_b128"])
     f = {}
-    f["P1 tfcluster async / raw TF1 async"] = (ratio(thr["tfcluster_async"], thr["raw_tf1_async"]), ">= 1.2")
-    if thr.get("tf2_pss"):
-        f["P2 tfcluster async / TF2 PSS"] = (ratio(thr["tfcluster_async"], thr["tf2_pss"]), ">= 2.5")
-    if thr.get("tfcluster_sync"):
-        f["P3 tfcluster sync / async"] = (ratio(thr["tfcluster_sync"], thr["tfcluster_async"]), ">= 0.85")
-    f["P4 cluster total / best single process"] = (ratio(thr["tfcluster_async"], single), ">= 0.9")
-    if thr.get("tfcluster_async_cnn"):
-        f["P4 for the CNN: cluster total / single process"] = (ratio(thr["tfcluster_async_cnn"], thr["single_cnn"]),
-                                                               ">= 0.9")
-    imp = statistics.median(extra["tf_import"])
-    f["P5 s launch to every first step (tfcluster)"] = (
-        [first_steps_after_launch(r) for r in runs["tfcluster_async"]], f"<= {imp + 2:.1f} (TF import {imp:.1f} + 2)")
-    f["P5 s launch to every first step (raw TF1)"] = (
-        [first_steps_after_launch(r) for r in runs["raw_tf1_async"]], "peer")
-    f["P6 s last step to every process gone"] = ([teardown_seconds(r) for r in runs["tfcluster_async"]], "<= 2")
-    f["P7 ps pull bytes/s / TCP loopback bytes/s"] = (ratio(extra["pull"], extra["tcp"]), ">= 0.5")
-    f["P7 one whole variable, as plain TF places it / TCP"] = (ratio(extra["pull_whole"], extra["tcp"]), "peer")
-    if thr.get("mirrored_2"):
-        for n in (2, 4):
-            f[f"towers {n} virtual devices / single_b128"] = (ratio(thr[f"mirrored_{n}"], thr["single_b128"]), "")
-    if thr.get("collective_2w"):
-        f["collective 2 workers / single_b128"] = (ratio(thr["collective_2w"], thr["single_b128"]), "")
+
+    def pair(name, a, b, goal=""):
+        if thr.get(a) and thr.get(b):
+            f[name] = (ratio(thr[a], thr[b]), goal)
+
+    pair("P1 tfcluster async / raw TF1 async", "tfcluster_async", "raw_tf1_async", ">= 1.2")
+    pair("P2 tfcluster async / TF2 PSS", "tfcluster_async", "tf2_pss", ">= 2.5")
+    pair("P3 tfcluster sync / async", "tfcluster_sync", "tfcluster_async", ">= 0.85")
+    # The best of every one-process MLP row, repeat by repeat: plain, larger batch, towers.
+    singles = [thr[k] for k in ("single_b128", "single_b256", "mirrored_2", "mirrored_4", "central_2") if thr.get(k)]
+    if singles:
+        thr["best_single"] = functools.reduce(best, singles)
+        pair("P4 cluster total / best single process", "tfcluster_async", "best_single", ">= 0.9")
+        del thr["best_single"]
+    pair("P4 for the CNN: cluster total / single process", "tfcluster_async_cnn", "single_cnn", ">= 0.9")
+    if runs.get("tfcluster_async") and extra.get("tf_import"):
+        imp = statistics.median(extra["tf_import"])
+        f["P5 s launch to every first step (tfcluster)"] = (
+            [first_steps_after_launch(r) for r in runs["tfcluster_async"]],
+            f"<= {imp + 2:.1f} (TF import {imp:.1f} + 2)")
+        f["P6 s last step to every process gone"] = ([teardown_seconds(r) for r in runs["tfcluster_async"]], "<= 2")
+    if runs.get("raw_tf1_async"):
+        f["P5 s launch to every first step (raw TF1)"] = (
+            [first_steps_after_launch(r) for r in runs["raw_tf1_async"]], "peer")
+    if extra.get("pull"):
+        f["P7 ps pull bytes/s / TCP loopback bytes/s"] = (ratio(extra["pull"], extra["tcp"]), ">= 0.5")
+        f["P7 one whole variable, as plain TF places it / TCP"] = (ratio(extra["pull_whole"], extra["tcp"]), "peer")
+    pair("async 2 workers / async 1 worker", "tfcluster_async", "tfcluster_async_1w")
+    for n in (2, 4):
+        pair(f"towers {n} virtual devices / single_b128", f"mirrored_{n}", "single_b128")
+    pair("central storage 2 devices / single_b128", "central_2", "single_b128")
+    pair("collective 2 workers / single_b128", "collective_2w", "single_b128")
+    pair("collective 2 workers x 2 towers / single_b128", "collective_2w_towers_2", "single_b128")
+    pair("ps sync x 2 towers / ps sync", "tfcluster_sync_towers_2", "tfcluster_sync")
     return thr, {k: dict(summary(v) or {}, goal=g) for k, (v, g) in f.items()}
 
 
@@ -348,9 +376,11 @@ def main():
     p.add_argument("--out", default="bench-results", help="directory for results.json/.md/.png")
     p.add_argument("--reps", type=int, help="repeats of every row (default 3; 1 with --quick)")
     p.add_argument("--steps", type=int, help="global steps per MLP run (default 3000; 200 with --quick)")
+    p.add_argument("--rows", help="comma-separated rows to run (e.g. tfcluster_sync,tfcluster_async,pull; "
+                                  "default: every row of the mode)")
     a = p.parse_args()
     started = time.time()
-    runs, extra, meta = measure(a.quick, a.steps, a.reps)
+    runs, extra, meta = measure(a.quick, a.steps, a.reps, a.rows.split(",") if a.rows else None)
     thr, figs = figures(runs, extra)
     meta.update(date=datetime.date.today().isoformat(), mode="quick" if a.quick else "full",
                 machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",

@@ -55,6 +55,7 @@ from digits import make_strategy  # noqa: E402
 result = tfcluster.fit(model_fn, input_fn, strategy=make_strategy(a.mode, a.devices), steps=a.steps, batch_size=a.batch,
                        optimizer=lambda: tf1.train.GradientDescentOptimizer(0.01), log_every_secs=1e9)
 if result is not None:
+    # ``batch`` is examples per local step (the timeline counts steps): one batch per tower.
     report(dict(peer=f"tfcluster_{a.mode or 'auto'}", task=result.task, examples_per_sec=result.examples_per_sec,
                 steps=result.local_steps, first_step_at=result.first_step_at,
-                last_step_at=result.last_step_at, timeline=result.timeline, batch=a.batch, started=started))
+                last_step_at=result.last_step_at, timeline=result.timeline, batch=a.batch * (a.devices or 1), started=started))
