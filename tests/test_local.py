@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from conftest import Procs, base_env, no_process_left, run_cli
+from conftest import Procs, base_env, kill_tree, no_process_left, run_cli
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 PY = sys.executable
@@ -241,6 +241,22 @@ def test_sigterm_to_the_launcher_stops_the_whole_tree_with_no_orphans_and_exit_1
     assert "[tfcluster] warning: got SIGTERM; stopping the cluster" in run.lines
     # Including the grandchildren that left the worker's process group (start_new_session).
     assert no_process_left(tree + escaped, timeout=1)
+
+
+def test_a_launcher_killed_outright_takes_its_tasks_with_it(procs, tmp_path):
+    # SIGKILL leaves the launcher no chance to stop anything; the kernel does it
+    # (PR_SET_PDEATHSIG). Grandchildren are the launcher's to stop while it lives.
+    run = Run(procs, ["--ps", 0, "--workers", 2, "--"] + script("sleeper.py", "--no-tree"), tmp_path)
+    run.wait_for(r"^\[worker:0\] ready$", 60)
+    run.wait_for(r"^\[worker:1\] ready$", 60)
+    tasks = run.pids("worker:0") + run.pids("worker:1")
+    run.proc.send_signal(signal.SIGKILL)
+    run.finish(timeout=15)
+    try:
+        assert no_process_left(tasks, timeout=5)
+    finally:
+        for pid in tasks:  # nobody else would: their launcher is gone
+            kill_tree(pid)
 
 
 def test_ctrl_c_on_the_launcher_stops_everything_and_exits_130(procs, tmp_path):

@@ -57,6 +57,34 @@ PORT_HOLD_LIMIT = 300.0
 _POLL = 0.05
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
+
+
+def _libc():
+    """The C library, for prctl (None where there is none to load)."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True)
+    except (OSError, ImportError):
+        return None
+
+
+def _die_with(parent_pid: int, libc):
+    """A Popen preexec_fn: the task is killed when the launcher dies, even by SIGKILL (Linux).
+
+    Only the task's own process gets the signal; its descendants are the
+    launcher's to stop while it lives.
+    """
+    def preexec():
+        if libc is None or not hasattr(libc, "prctl"):
+            return
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+_LIBC = _libc() if sys.platform == "linux" else None
 
 
 def task_environment(cluster: Cluster, verbose: bool = False, base=None) -> dict:
@@ -262,8 +290,12 @@ class _Proc:
     def start(self, writer: LineWriter):
         env = dict(self.env, TFCLUSTER_RESTART_COUNT=str(self.restarts))
         try:
+            # The death signal follows the thread that forks: start() always runs
+            # on the launcher's supervising thread, which outlives every task.
             self.popen = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+                                          stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                          preexec_fn=_die_with(os.getpid(), _LIBC) if sys.platform == "linux"
+                                          else None)
         except OSError as e:
             raise TfclusterError(f"cannot start {self.name} ({self.argv[0]!r}): {e.strerror}") from None
         self.returncode = None
@@ -750,13 +782,11 @@ class LocalLauncher:
     def _become_subreaper(self):
         # Orphans of our tasks (a daemonised grandchild) are then reparented to
         # us rather than init, so the final sweep finds and stops them too.
-        try:
-            import ctypes
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-                log.debug("prctl(PR_SET_CHILD_SUBREAPER) failed: %s", os.strerror(ctypes.get_errno()))
-        except (OSError, AttributeError):
+        if _LIBC is None or not hasattr(_LIBC, "prctl"):
             log.debug("no PR_SET_CHILD_SUBREAPER here; orphans are found by walking process trees")
+        elif _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            import ctypes
+            log.debug("prctl(PR_SET_CHILD_SUBREAPER) failed: %s", os.strerror(ctypes.get_errno()))
 
     def _sweep_adopted(self, stop: bool = True):
         """Reap adopted zombies, and at the end stop every adopted orphan still running."""
@@ -851,8 +881,9 @@ _CLONE_NEWUSER = 0x10000000
 
 def _unshare(flags: int):
     import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(flags) != 0:
+    if _LIBC is None:
+        raise OSError(errno.ENOSYS, "no C library to call unshare() in")
+    if _LIBC.unshare(flags) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
 
