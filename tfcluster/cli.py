@@ -122,6 +122,11 @@ def cmd_start(args) -> int:
     from .errors import ClusterUnreachableError
     from .server import serve_until_done, start_server, quiet_tensorflow, wait_for_cluster
     quiet_tensorflow(args.verbose)
+    # A hosted server runs no Keras. TF imports Keras 3 eagerly, and Keras 3
+    # its scikit-learn wrapper (and SciPy) when they are installed: 1 s of the
+    # 3.5 s import here, on cores the trainers are importing TF on. With this
+    # variable TF tries tf-keras instead, and carries on when it is absent.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     stop = threading.Event()
     _install_stop_handlers(stop)
     server = start_server(cluster)

@@ -2,7 +2,7 @@
 
 The chief initialises the model (or restores the latest checkpoint) and the
 shared state strategies keep out of checkpoints; the other workers wait for it,
-polling every ``poll_secs`` (0.5 s) instead of SessionManager's 30 s
+polling every ``poll_secs`` (0.2 s) instead of SessionManager's 30 s
 (pitfalls item 4), so their first step follows the chief's within about a
 second. Worker-local state (input iterators, local step counters) is in the
 local init op, run by every session after the model is ready.
@@ -105,7 +105,7 @@ class TrainingSession:
 
     def __init__(self, train_graph, *, target: str = "", config=None, is_chief: bool = True, saver=None,
                  checkpoint_dir: Optional[str] = None, extra_local_init=(), cluster=None, name: str = "local",
-                 poll_secs: float = 0.5, startup_timeout: float = 300.0, max_recoveries: int = 10,
+                 poll_secs: float = 0.2, startup_timeout: float = 300.0, max_recoveries: int = 10,
                  summary_op=None):
         import tensorflow as tf
         tf1 = tf.compat.v1
