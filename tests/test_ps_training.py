@@ -209,7 +209,9 @@ def test_a_non_chief_starts_within_seconds_of_the_chief_initialising_not_thirty(
     ready = stamp(w1, r"worker:1 found the model ready")
     first0 = stamp(w0, r"worker:0 first step done")
     first1 = stamp(w1, r"worker:1 first step done")
-    assert 0 <= ready - init < 5.0, (init, ready)
+    # The chief logs its line after the init op returned; a fast poll can see the
+    # model ready a few milliseconds before that line is written.
+    assert -0.5 < ready - init < 5.0, (init, ready)
     assert abs(first1 - first0) < 5.0, (first0, first1)
 
 
