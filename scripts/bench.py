@@ -246,7 +246,7 @@ def measure(quick, steps=None, reps=None, rows=None):
     runs = {name: [] for name in configs}
     names = list(configs)
     for rep in range(reps):
-        order = names[rep % len(names):] + names[:rep % len(names)]
+        order = names[rep % len(names):] + names[:rep % len(names)] if names else []
         for name in order:
             t = time.time()
             try:
