@@ -106,6 +106,16 @@ def test_regularisation_counts_once_per_step_however_many_towers(data, tmp_path)
 
 
 # ============================================================ where things run
+def devices_of(ran, prefix):
+    """The devices on which the nodes named ``prefix...`` ran.
+
+    Names are matched by scope, not by op: grappler may fuse a tower's forward
+    MatMul, add and Tanh into one node (with oneDNN it names it ``Tanh``), but it
+    leaves each tower's gradient scope in place.
+    """
+    return {tower_of(d) for d, names in ran.items() for n in names if n.startswith(prefix)}
+
+
 def test_each_tower_computes_on_its_own_virtual_device_and_holds_its_own_copy(data):
     s = MirroredStrategy(2).bind(None)
     g, tg, init = built(s, data)
@@ -116,8 +126,8 @@ def test_each_tower_computes_on_its_own_virtual_device_and_holds_its_own_copy(da
         copies = {v.op.name: v for v in g.get_collection(REPLICA_COLLECTION)}
         primary = {v.op.name: v for v in g.get_collection("trainable_variables")}
         values = sess.run({"primary": primary, "copies": copies})
-    where = {name: tower_of(d) for d, names in ran.items() for name in names}
-    assert where["MatMul"] == "/device:CPU:0" and where["tower_1/MatMul"] == "/device:CPU:1"
+    assert devices_of(ran, "gradients/") == {"/device:CPU:0"}
+    assert devices_of(ran, "tower_1/gradients/") == {"/device:CPU:1"}
     assert {tower_of(d) for d in ran} == {"/device:CPU:0", "/device:CPU:1"}
     # After steps, tower 1's copy is bit for bit the variable: the update was copied to it.
     assert sorted(copies) == sorted(f"tower_1/{k}" for k in job.NAMES)
@@ -133,7 +143,7 @@ def test_central_storage_keeps_the_variables_on_the_cpu_and_computes_on_the_towe
         ran = executed_placement(sess, tg.runner.train_fetch)
     where = {name: tower_of(d) for d, names in ran.items() for name in names}
     assert where["dense/w1"] == where["out/w2"] == "/device:CPU:0"
-    assert where["tower_1/MatMul"] == "/device:CPU:1"
+    assert devices_of(ran, "tower_1/gradients/") == {"/device:CPU:1"}
     assert not g.get_collection(REPLICA_COLLECTION)
 
 
