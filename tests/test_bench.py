@@ -1,5 +1,6 @@
 """The benchmark's quick mode runs end to end and writes its results (no speed is asserted here)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -9,28 +10,70 @@ import pytest
 
 from conftest import REPO, base_env
 
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import bench  # noqa: E402  (it puts scripts/bench on the path for the modules below)
+import report  # noqa: E402
+from figures import best, figures, met, ratio  # noqa: E402
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_quick_bench_runs_and_writes_json_and_a_table(tmp_path):
+def test_quick_bench_runs_and_writes_json_a_table_and_plots(tmp_path):
     r = subprocess.run([sys.executable, "scripts/bench.py", "--quick", "--out", str(tmp_path)], cwd=REPO,
                        capture_output=True, text=True, timeout=580, env=base_env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["mode"] == "quick"
-    p1 = doc["figures"]["P1 tfcluster async / raw TF1 async"]
-    assert p1["median"] > 0
-    assert "| P1 tfcluster async / raw TF1 async |" in (tmp_path / "results.md").read_text()
+    assert doc["figures"]["P1 tfcluster async / raw TF1 async"]["median"] > 0
+    assert doc["figures"]["W1 bfloat16 wire / float32 wire, async"]["median"] > 0
+    assert doc["layouts"]["tfcluster_async"] == "2 workers, 1 ps"
+    text = (tmp_path / "results.md").read_text()
+    assert "| P1 tfcluster async / raw TF1 async |" in text and "with `python scripts/bench.py --quick" in text
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "ratios.png").stat().st_size > 10_000
+        assert (tmp_path / "throughput.png").stat().st_size > 10_000
 
 
 def test_a_failed_repeat_drops_out_of_the_paired_ratios_without_shifting_the_others():
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    import bench
     a = [bench.cluster_throughput(r) for r in (None, RUN(200.0), RUN(300.0))]
     b = [100.0, 100.0, None]
     assert a[0] is None
-    assert bench.ratio(a, b) == [2.0]                 # repeat 2 with repeat 2 only
-    assert bench.best([None, 5.0, None], [4.0, 6.0, None]) == [4.0, 6.0, None]
+    assert ratio(a, b) == [2.0]                 # repeat 2 with repeat 2 only
+    assert best([None, 5.0, None], [4.0, 6.0, None]) == [4.0, 6.0, None]
+
+
+def test_layouts_say_worker_or_workers():
+    assert bench.layout(1, 1) == "1 worker, 1 ps"
+    assert bench.layout(2) == "2 workers"
+    assert bench.layout(2, 1, chief=True) == "chief, 2 workers, 1 ps"
+
+
+def test_each_figure_is_judged_against_its_goal_and_the_table_says_which_are_missed():
+    assert met(">= 1.3", 1.31) is True and met(">= 1.3", 1.2) is False
+    assert met("<= 6.5 (TF import 4.5 + 2)", 7.0) is False and met("peer", 3.0) is None
+    thr = {"tfcluster_async": [100.0, 110.0], "raw_tf1_async": [100.0, 100.0], "big_async": [10.0, 10.0],
+           "big_async_bf16": [14.0, 13.0]}
+    figs = figures({}, thr, {})     # no run records: no start-up figures
+    assert figs["P1 tfcluster async / raw TF1 async"]["met"] is False           # median 1.05 < 1.2
+    assert figs["W2 bigger MLP: bfloat16 wire / float32 wire, async"]["median"] == pytest.approx(1.35)
+    meta = dict(date="2026-01-01", machine="m", mode="full", reps=2, steps=10, command="python scripts/bench.py",
+                layouts={k: "2 workers, 1 ps" for k in thr})
+    md = report.markdown(thr, figs, {}, meta, {})
+    assert "| P1 tfcluster async / raw TF1 async | 1.05 | 1.00-1.10 | >= 1.2 | **missed** |" in md
+    assert "| W2 bigger MLP: bfloat16 wire / float32 wire, async | 1.35 | 1.30-1.40 | >= 1.3 | met |" in md
+
+
+def test_the_readme_table_is_rewritten_between_its_marks_and_nowhere_else(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nprose before\n\n{report.BEGIN}\nold table\n{report.END}\n\nprose after\n")
+    report.write_readme(str(readme), "| new | table |\n", str(tmp_path / "docs" / "bench"))
+    text = readme.read_text()
+    assert "old table" not in text and "| new | table |" in text
+    assert text.startswith("# x\n\nprose before\n\n") and text.endswith(f"{report.END}\n\nprose after\n")
+    assert "[docs/bench/results.json](docs/bench/results.json)" in text
+    (tmp_path / "plain.md").write_text("no marks\n")
+    with pytest.raises(SystemExit, match="no .* block to rewrite"):
+        report.write_readme(str(tmp_path / "plain.md"), "x", str(tmp_path))
 
 
 def RUN(examples_per_sec):

@@ -7,6 +7,11 @@ import numpy as np
 
 INPUT, HIDDEN, CLASSES = 784, 512, 10
 
+#: The bench's MLPs: hidden layers and the per-worker batch. ``mlp``: 784-512-10, 0.4M parameters
+#: (1.6 MB), the rows P1-P7 compare. ``big``: 784-2048-2048-10, 5.8M parameters (23 MB), where moving
+#: the weights and gradients costs more than computing with them.
+MODELS = {"mlp": ((HIDDEN,), 128), "big": ((2048, 2048), 64)}
+
 
 def synthetic(n=8192, seed=0):
     """In-memory MNIST-shaped data, so input is never the bottleneck."""
@@ -16,15 +21,17 @@ def synthetic(n=8192, seed=0):
     return x, y
 
 
-def mlp_logits(tf1, x):
-    """The shared workload: an MLP 784-512-10 (variables created with get_variable)."""
+def mlp_logits(tf1, x, hidden=(HIDDEN,)):
+    """The shared workload: an MLP 784-512-10 by default (variables created with get_variable)."""
     init = tf1.glorot_uniform_initializer(seed=1)
-    w1 = tf1.get_variable("w1", [INPUT, HIDDEN], initializer=init)
-    b1 = tf1.get_variable("b1", [HIDDEN], initializer=tf1.zeros_initializer())
-    w2 = tf1.get_variable("w2", [HIDDEN, CLASSES], initializer=init)
-    b2 = tf1.get_variable("b2", [CLASSES], initializer=tf1.zeros_initializer())
-    h = tf1.nn.relu(tf1.matmul(x, w1) + b1)
-    return tf1.matmul(h, w2) + b2
+    h, width = x, INPUT
+    for i, units in enumerate(hidden, start=1):
+        w = tf1.get_variable(f"w{i}", [width, units], initializer=init)
+        b = tf1.get_variable(f"b{i}", [units], initializer=tf1.zeros_initializer())
+        h, width = tf1.nn.relu(tf1.matmul(h, w) + b), units
+    w = tf1.get_variable(f"w{len(hidden) + 1}", [width, CLASSES], initializer=init)
+    b = tf1.get_variable(f"b{len(hidden) + 1}", [CLASSES], initializer=tf1.zeros_initializer())
+    return tf1.matmul(h, w) + b
 
 
 class Meter:

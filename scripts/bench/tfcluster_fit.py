@@ -1,4 +1,4 @@
-"""tfcluster's side of the bench: the same MLP (or the tutorials' CNN) through tfcluster.fit.
+"""tfcluster's side of the bench: the same MLP (the bigger one, or the tutorials' CNN) through tfcluster.fit.
 
 Run alone (one process, all cores) or under ``tfcluster local`` (TF_CONFIG set);
 ``--mode`` picks the strategy. Input is a tf.data pipeline over in-memory arrays.
@@ -16,18 +16,20 @@ import tfcluster  # noqa: E402
 tfcluster.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402
 
-from common import mlp_logits, report, synthetic  # noqa: E402
+from common import MODELS, mlp_logits, report, synthetic  # noqa: E402
 from tfcluster.strategies import ModelOutput  # noqa: E402
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 p = argparse.ArgumentParser()
 p.add_argument("--mode", default=None)
-p.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+p.add_argument("--model", choices=("mlp", "big", "cnn"), default="mlp")
 p.add_argument("--steps", type=int, default=2000, help="global steps")
-p.add_argument("--batch", type=int, default=128, help="per-replica batch")
+p.add_argument("--batch", type=int, default=None, help="per-replica batch (default: the model's, 128 or 64)")
 p.add_argument("--devices", type=int, default=None, help="towers per process (virtual CPUs without GPUs)")
 a = p.parse_args()
+hidden, default_batch = MODELS.get(a.model, MODELS["mlp"])
+a.batch = a.batch or default_batch
 
 data_x, data_y = synthetic()
 if a.model == "cnn":
@@ -37,7 +39,7 @@ if a.model == "cnn":
     data_x = data_x.reshape(-1, 28, 28, 1)
 else:
     def model_fn(features, labels, mode):
-        logits = mlp_logits(tf1, features)
+        logits = mlp_logits(tf1, features, hidden)
         return ModelOutput(predictions=tf.argmax(logits, 1),
                            per_example_loss=tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
                                                                                          logits=logits))

@@ -1,0 +1,155 @@
+"""The bench's figures: which rows each ratio compares, its goal, the panel it is drawn in, and its peer.
+
+A figure is the list of its per-repeat values (a ratio of two rows measured
+side by side in the same repeat, or seconds), summarised as median and
+min-max. Its goal says what it should reach and which way (``>=``, ``<=``);
+``peer`` is what tfcluster is compared with (its colour in the plot), and
+``panel`` the workload it belongs to.
+"""
+
+import functools
+import statistics
+
+#: Panels of the ratio plot, one per workload, in order.
+PANELS = {
+    "mlp": "MLP 784-512-10, batch 128 per worker",
+    "big": "bigger MLP 784-2048-2048-10 (5.8M parameters), batch 64 per worker",
+    "cnn": "tutorials' CNN",
+    "startup": "start-up and teardown, seconds",
+    "pull": "pulling a 64 MB variable from a ps",
+    "accuracy": "README example (digits): test accuracy points, bfloat16 - float32 wire",
+}
+
+#: Colours: tfcluster in one, each peer in its own (Paul Tol's bright scheme, readable when printed grey).
+COLOURS = {"tfcluster": "#4477aa", "raw TF1": "#ee6677", "TF2 PSS": "#228833", "one process": "#ccbb44",
+           "TCP": "#66ccee", "plain TF": "#aa3377"}
+
+#: Throughput rows grouped by what is compared, for the absolute plot.
+GROUPS = {
+    "MLP on 1 ps + 2 workers": ["tfcluster_async", "tfcluster_async_bf16", "tfcluster_async_tf_threads",
+                                "raw_tf1_async", "tf2_pss", "tfcluster_sync", "tfcluster_sync_bf16",
+                                "tfcluster_async_1w"],
+    "MLP in one process, and all-reduce": ["single_b128", "single_b256", "mirrored_2", "mirrored_4", "central_2",
+                                           "collective_2w", "collective_2w_bf16", "collective_2w_towers_2",
+                                           "tfcluster_sync_towers_2"],
+    "bigger MLP": ["big_single", "big_async", "big_async_bf16", "big_sync", "big_sync_bf16"],
+    "CNN": ["single_cnn", "tfcluster_async_cnn"],
+}
+
+#: The one-process MLP rows; P4 compares a cluster with the best of them, repeat by repeat.
+SINGLES = ("single_b128", "single_b256", "mirrored_2", "mirrored_4", "central_2")
+
+
+def summary(values):
+    """Median, min, max and count of the values that are not None (None: there are none)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return dict(median=statistics.median(values), min=min(values), max=max(values), n=len(values), values=values)
+
+
+def ratio(a, b):
+    """Per-repeat ratios a[i]/b[i] (the pairs were measured side by side; a failed repeat is None)."""
+    return [x / y for x, y in zip(a, b) if x and y]
+
+
+def best(a, b):
+    """Per-repeat best of two rows (None where both failed)."""
+    return [max([v for v in pair if v], default=None) for pair in zip(a, b)]
+
+
+def met(goal, median):
+    """True/False when ``goal`` (``>= 1.2``, ``<= 7.0 (...)``) is met by ``median``; None without a goal."""
+    parts = (goal or "").split()
+    if len(parts) < 2 or parts[0] not in (">=", "<="):
+        return None
+    target = float(parts[1])
+    return median >= target if parts[0] == ">=" else median <= target
+
+
+def _first_steps_after_launch(run):
+    return None if run is None else max(r["first_step_at"] for r in run["results"]) - run["launched"]
+
+
+def _teardown_seconds(run):
+    return None if run is None else run["exited"] - max(r["last_step_at"] for r in run["results"])
+
+
+def figures(runs, thr, extra):
+    """``{figure name: summary + goal, met, panel, peer, unit}`` of every figure this run's rows allow."""
+    out = {}
+
+    def add(name, values, panel, peer, goal="", unit="x"):
+        s = summary(values)
+        if s:
+            out[name] = dict(s, goal=goal, met=met(goal, s["median"]), panel=panel, peer=peer, unit=unit)
+
+    def pair(name, a, b, panel, peer, goal=""):
+        if thr.get(a) and thr.get(b):
+            add(name, ratio(thr[a], thr[b]), panel, peer, goal)
+
+    pair("P1 tfcluster async / raw TF1 async", "tfcluster_async", "raw_tf1_async", "mlp", "raw TF1", ">= 1.2")
+    pair("P2 tfcluster async / TF2 PSS", "tfcluster_async", "tf2_pss", "mlp", "TF2 PSS", ">= 1.5")
+    pair("P3 tfcluster sync / async", "tfcluster_sync", "tfcluster_async", "mlp", "tfcluster", ">= 0.85")
+    pair("P3 with a bfloat16 wire: sync / async", "tfcluster_sync_bf16", "tfcluster_async_bf16", "mlp",
+         "tfcluster", ">= 0.85")
+    singles = [thr[k] for k in SINGLES if thr.get(k)]
+    if singles and thr.get("tfcluster_async"):
+        top = functools.reduce(best, singles)
+        add("P4 cluster total / best single process", ratio(thr["tfcluster_async"], top), "mlp", "one process",
+            ">= 0.5")
+        if thr.get("tfcluster_async_tf_threads"):
+            add("P4 with TF's own thread pools (--threads-per-task 0)", ratio(thr["tfcluster_async_tf_threads"], top),
+                "mlp", "one process", ">= 0.5")
+        if thr.get("tfcluster_async_bf16"):
+            add("P4 with a bfloat16 wire", ratio(thr["tfcluster_async_bf16"], top), "mlp", "one process", ">= 0.5")
+    pair("W1 bfloat16 wire / float32 wire, async", "tfcluster_async_bf16", "tfcluster_async", "mlp", "tfcluster")
+    pair("W1 bfloat16 wire / float32 wire, sync", "tfcluster_sync_bf16", "tfcluster_sync", "mlp", "tfcluster")
+    pair("threads sized by tfcluster / TF's own (async)", "tfcluster_async", "tfcluster_async_tf_threads", "mlp",
+         "tfcluster")
+    pair("collective: bfloat16 / float32 all-reduce", "collective_2w_bf16", "collective_2w", "mlp", "tfcluster")
+    pair("async 2 workers / async 1 worker", "tfcluster_async", "tfcluster_async_1w", "mlp", "tfcluster")
+    for n in (2, 4):
+        pair(f"towers {n} virtual devices / single_b128", f"mirrored_{n}", "single_b128", "mlp", "one process")
+    pair("central storage 2 devices / single_b128", "central_2", "single_b128", "mlp", "one process")
+    pair("collective 2 workers / single_b128", "collective_2w", "single_b128", "mlp", "one process")
+    pair("collective 2 workers x 2 towers / single_b128", "collective_2w_towers_2", "single_b128", "mlp",
+         "one process")
+    pair("ps sync x 2 towers / ps sync", "tfcluster_sync_towers_2", "tfcluster_sync", "mlp", "tfcluster")
+    pair("W2 bigger MLP: bfloat16 wire / float32 wire, async", "big_async_bf16", "big_async", "big", "tfcluster",
+         ">= 1.3")
+    pair("W2 bigger MLP: bfloat16 wire / float32 wire, sync", "big_sync_bf16", "big_sync", "big", "tfcluster",
+         ">= 1.3")
+    pair("P3 bigger MLP: sync / async", "big_sync", "big_async", "big", "tfcluster", ">= 0.85")
+    pair("P3 bigger MLP, bfloat16 wire: sync / async", "big_sync_bf16", "big_async_bf16", "big", "tfcluster",
+         ">= 0.85")
+    pair("P4 bigger MLP: cluster (async, bfloat16 wire) / one process", "big_async_bf16", "big_single", "big",
+         "one process")
+    pair("P4 for the CNN: cluster total / single process", "tfcluster_async_cnn", "single_cnn", "cnn",
+         "one process", ">= 0.9")
+    _startup(out, runs, extra, add)
+    return out
+
+
+def _startup(out, runs, extra, add):
+    """P5, P6 (seconds), P7 (pull speed) and the README example's accuracy with each wire."""
+    if runs.get("tfcluster_async") and extra.get("tf_import"):
+        imp = statistics.median(extra["tf_import"])
+        add("P5 s launch to every first step (tfcluster)",
+            [_first_steps_after_launch(r) for r in runs["tfcluster_async"]], "startup", "tfcluster",
+            f"<= {imp + 2:.1f} (TF import {imp:.1f} + 2)", unit="s")
+        add("P6 s last step to every process gone", [_teardown_seconds(r) for r in runs["tfcluster_async"]],
+            "startup", "tfcluster", "<= 2", unit="s")
+    if runs.get("raw_tf1_async"):
+        add("P5 s launch to every first step (raw TF1)", [_first_steps_after_launch(r) for r in runs["raw_tf1_async"]],
+            "startup", "raw TF1", "peer", unit="s")
+    if extra.get("pull"):
+        add("P7 ps pull bytes/s / TCP loopback bytes/s", ratio(extra["pull"], extra["tcp"]), "pull", "TCP", ">= 0.5")
+        add("P7 one whole variable, as plain TF places it / TCP", ratio(extra["pull_whole"], extra["tcp"]), "pull",
+            "plain TF", "peer")
+    acc = extra.get("accuracy") or {}
+    for mode in ("sync", "async"):
+        a, b = acc.get(f"{mode}_bfloat16"), acc.get(f"{mode}_float32")
+        if a is not None and b is not None:
+            add(f"digits {mode}: test accuracy with bfloat16 wire - float32 wire (points)", [100 * (a - b)],
+                "accuracy", "tfcluster", ">= -1", unit="points")
