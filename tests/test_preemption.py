@@ -2,8 +2,9 @@
 
 Schedulers stop jobs with SIGTERM and kill them a grace period later. Here a
 real training run gets a real SIGTERM at a random step: one ``fit`` process,
-and whole ``tfcluster local`` clusters (async and sync), where the launcher
-forwards the signal to every task at once, as a scheduler would. Each must
+an Estimator program, a Keras program on a cluster, and whole ``tfcluster
+local`` clusters (async and sync), where the launcher forwards the signal to
+every task at once, as a scheduler would. Each must
 exit 143 with a line naming the step and the checkpoint, and a rerun on the
 same checkpoint dir must start at the step after it: steps lost 0.
 """
@@ -129,3 +130,29 @@ def test_sigterm_to_a_keras_program_on_a_cluster_ends_the_batch_and_the_chief_sa
     assert again.finish(timeout=200) == 0, again.tail(60)
     assert again.matches(rf"\[worker:0\] .*worker:0 restored the model from \S*{m.group(2)}$")
     reliability("keras cluster: seconds from SIGTERM to the chief's saved checkpoint", float(m.group(3)), "s")
+
+
+# ====================================================================== tf.estimator
+@pytest.mark.timeout(240)
+def test_sigterm_to_an_estimator_program_saves_the_step_it_ended_and_a_rerun_starts_at_the_next(procs, tmp_path,
+                                                                                                 reliability):
+    # The TF 1.x program of test_legacy_programs, unchanged, in one process: train_and_evaluate runs the loop
+    # that fit runs, so a SIGTERM ends it the same way.
+    program = [sys.executable, "-m", "tfcluster.tf1", os.path.join(HERE, "programs", "estimator_custom.py"),
+               "--model_dir", str(tmp_path / "model")]
+    run = Stream(procs.start(program + ["--max_steps", "100000000"], cwd=str(tmp_path)), "estimator")
+    run.wait_for(r"global step (\d+)", 120, check=lambda m: int(m.group(1)) >= 100)
+    time.sleep(rng().uniform(0.0, 1.0))
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish(timeout=60) == 143, run.tail()
+    _, m = run.wait_for(STOPPED + r"; a restarted run resumes from it$", 1)
+    stopped = int(m.group(2))
+    assert int(m.group(3)) == stopped
+
+    again = Stream(procs.start(program + ["--max_steps", str(stopped + 5)], cwd=str(tmp_path)), "rerun")
+    assert again.finish(timeout=120) == 0, again.tail()
+    _, restored = again.wait_for(r"restored the model from \S*model\.ckpt-(\d+) \(", 1)
+    assert again.matches(r"^STEPS \S+ 5$"), again.tail()     # steps stopped+1 .. stopped+5: none redone
+    reliability(f"estimator: steps lost to a SIGTERM at step {stopped}", stopped - int(restored.group(1)), "steps")
+    assert int(restored.group(1)) == stopped
+    reliability("estimator: seconds from SIGTERM to the saved checkpoint", float(m.group(4)), "s")
