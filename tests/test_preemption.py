@@ -11,7 +11,6 @@ same checkpoint dir must start at the step after it: steps lost 0.
 
 import os
 import random
-import re
 import signal
 import sys
 import time
