@@ -43,7 +43,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, BENCH)
 
 from figures import figures  # noqa: E402
-from tfcluster.ports import pick_free_ports  # noqa: E402
+from tfcluster.topology.ports import pick_free_ports  # noqa: E402
 
 PY = sys.executable
 

@@ -1,7 +1,7 @@
 """A training script the cluster tests run as real processes: ``python _fit_job.py CONFIG.json``.
 
 It trains a small fixed MLP (10-16-3, weights from the data file) with plain
-SGD through ``tfcluster.train.fit`` on the role TF_CONFIG gives it, and writes
+SGD through ``tfcluster.training.train.fit`` on the role TF_CONFIG gives it, and writes
 fit's result as JSON to ``<out>/<task>.json``. The tests also import
 ``model_fn``/``input_fn`` from here for the single-process side.
 """
@@ -127,9 +127,9 @@ def main():
     import tensorflow as tf
     if V1:
         tf.compat.v1.disable_v2_behavior()
-    from tfcluster.logs import setup_cli_logging
+    from tfcluster.core.logs import setup_cli_logging
     from tfcluster.strategies import ParameterServerStrategy
-    from tfcluster.train import fit
+    from tfcluster.training.train import fit
     setup_cli_logging()
     logging.getLogger("tfcluster").setLevel(logging.DEBUG if cfg.get("debug") else logging.INFO)
     data = load(cfg["data"])

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tfcluster.ports import pick_free_ports
+from tfcluster.topology.ports import pick_free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

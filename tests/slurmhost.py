@@ -77,7 +77,7 @@ def consecutive_free_ports(count: int, tries: int = 50) -> int:
     """The first of ``count`` consecutive ports that are free on loopback right now."""
     import random
 
-    from tfcluster.ports import port_is_free
+    from tfcluster.topology.ports import port_is_free
     for _ in range(tries):
         base = random.randint(20000, 60000 - count)
         if all(port_is_free(base + k) for k in range(count)):
@@ -177,7 +177,7 @@ class Slurm:
         return "\n".join(lines) + "\n"
 
     def _ports(self):
-        from tfcluster.ports import pick_free_ports
+        from tfcluster.topology.ports import pick_free_ports
         # In namespace hosts every port is free; on loopback other processes share this machine's.
         return pick_free_ports(2)
 

@@ -28,7 +28,7 @@ import time
 import pytest
 
 from conftest import TFCLUSTER, base_env
-from tfcluster.ports import pick_free_ports
+from tfcluster.topology.ports import pick_free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIT_JOB = os.path.join(HERE, "jobs", "fit_job.py")

@@ -16,9 +16,9 @@ import pytest
 
 from conftest import TFCLUSTER, base_env, no_process_left, run_cli, wait_until
 from tfcluster.cli import build_parser, cluster_from_args
-from tfcluster.cluster import Cluster, Task, parse_address
-from tfcluster.errors import TfclusterError
-from tfcluster.server import probe
+from tfcluster.topology.cluster import Cluster, Task, parse_address
+from tfcluster.core.errors import TfclusterError
+from tfcluster.runtime.server import probe
 
 
 def raw_env(**extra):

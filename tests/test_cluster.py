@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from tfcluster.cluster import Cluster, Task, parse_address
-from tfcluster.slurm import expand_hostlist, expand_tasks_per_node
-from tfcluster.errors import SpecError, TfclusterError
-from tfcluster.ports import port_is_free
+from tfcluster.topology.cluster import Cluster, Task, parse_address
+from tfcluster.topology.slurm import expand_hostlist, expand_tasks_per_node
+from tfcluster.core.errors import SpecError, TfclusterError
+from tfcluster.topology.ports import port_is_free
 
 JOBS = {"worker": ["localhost:2223", "localhost:2224"], "ps": ["localhost:2222"]}
 

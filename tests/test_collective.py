@@ -11,7 +11,7 @@
 Each cluster is started by hand with TF_CONFIG, the multi-terminal way; this
 file is also the workers' script: ``python test_collective.py CONFIG.json``
 trains the fixed MLP of ``_fit_job.py`` with plain SGD through
-``tfcluster.train.fit`` and, at the end, dumps the variables this worker holds.
+``tfcluster.training.train.fit`` and, at the end, dumps the variables this worker holds.
 """
 
 import json
@@ -95,8 +95,8 @@ def main(config_path):
         cfg = json.load(f)
     import tensorflow as tf
     from tfcluster import TfclusterError
-    from tfcluster.logs import setup_cli_logging
-    from tfcluster.train import fit
+    from tfcluster.core.logs import setup_cli_logging
+    from tfcluster.training.train import fit
     setup_cli_logging()
     data = job.load(cfg["data"])
     task = json.loads(os.environ["TF_CONFIG"])["task"]
@@ -128,7 +128,7 @@ if __name__ == "__main__":
 
 # ============================================================= the tests
 from conftest import TFCLUSTER, Procs, base_env  # noqa: E402
-from tfcluster.ports import pick_free_ports  # noqa: E402
+from tfcluster.topology.ports import pick_free_ports  # noqa: E402
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.slow
@@ -250,7 +250,7 @@ def test_collective_workers_start_from_worker_0s_weights_and_only_worker_0_check
 
 @pytest.mark.timeout(200)
 def test_a_collective_checkpoint_restores_into_a_plain_single_process_model(collective_run):
-    from tfcluster.evaluation import evaluate
+    from tfcluster.training.evaluation import evaluate
     metrics = evaluate(job.make_model_fn(collective_run.data), job.make_eval_input_fn(collective_run.data),
                        str(collective_run.ckpt))
     x, y = collective_run.data["x"], collective_run.data["y"]

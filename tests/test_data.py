@@ -88,7 +88,7 @@ def test_shards_are_disjoint_and_cover_the_data():
 def test_big_arrays_an_input_fn_gives_tf_data_stay_out_of_the_graph_and_read_the_same():
     import tensorflow as tf
 
-    from tfcluster.model import InputContext, make_dataset
+    from tfcluster.graph.model import InputContext, make_dataset
     tf1 = tf.compat.v1
     x = np.arange(1024 * 512, dtype=np.float32).reshape(1024, 512)     # 2 MB: kept out
     y = np.arange(1024, dtype=np.int64)                                  # 8 KB: a constant, as before

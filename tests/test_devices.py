@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from conftest import base_env, run_cli
-from tfcluster.cluster import Task
-from tfcluster.devices import Resources, assign_local, assign_slurm, list_gpus
-from tfcluster.errors import SpecError
+from tfcluster.topology.cluster import Task
+from tfcluster.topology.devices import Resources, assign_local, assign_slurm, list_gpus
+from tfcluster.core.errors import SpecError
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 PS, W0, W1, CHIEF, EVAL = Task("ps", 0), Task("worker", 0), Task("worker", 1), Task("chief", 0), Task("evaluator", 0)

@@ -17,7 +17,7 @@ tf = pytest.importorskip("tensorflow")
 tf1 = tf.compat.v1
 
 from tfcluster import estimator as est  # noqa: E402
-from tfcluster.errors import ModelFnError, SpecError, TF1RemovedError  # noqa: E402
+from tfcluster.core.errors import ModelFnError, SpecError, TF1RemovedError  # noqa: E402
 
 RNG = np.random.RandomState(0)
 X = RNG.rand(256, 4).astype(np.float32)

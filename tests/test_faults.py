@@ -34,7 +34,7 @@ import pytest
 
 from conftest import TFCLUSTER, Procs, base_env, no_process_left
 from jobs.stream import Stream
-from tfcluster.ports import pick_free_ports
+from tfcluster.topology.ports import pick_free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIT_JOB = [sys.executable, os.path.join(HERE, "jobs", "fit_job.py")]

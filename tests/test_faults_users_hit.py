@@ -28,7 +28,7 @@ import pytest
 
 from conftest import TFCLUSTER, base_env
 from jobs.stream import Stream
-from tfcluster.ports import pick_free_ports
+from tfcluster.topology.ports import pick_free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIT_JOB = [sys.executable, os.path.join(HERE, "jobs", "fit_job.py")]
@@ -258,8 +258,8 @@ def test_the_evaluator_skips_a_checkpoint_that_vanished_or_cannot_be_read(tmp_pa
     tf = pytest.importorskip("tensorflow")
     sys.path.insert(0, HERE)
     import _fit_job as job
-    from tfcluster.evaluation import run_evaluator
-    from tfcluster.train import fit
+    from tfcluster.training.evaluation import run_evaluator
+    from tfcluster.training.train import fit
     data = job.make_data(str(tmp_path / "data.npz"))
     ckpt = tmp_path / "ckpt"
     fit(job.make_model_fn(data), job.make_input_fn(data), steps=30, batch_size=32, checkpoint_dir=str(ckpt),

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import REPO, base_env, run_cli
 import tfcluster
-from tfcluster import tfguard
+from tfcluster.core import tfguard
 
 NO_TF = "TensorFlow is not installed ({}); pip install 'tfcluster[tensorflow]' (or 'tfcluster[tensorflow-cpu]')"
 
@@ -193,3 +193,11 @@ def test_the_check_reads_metadata_and_warns_once_per_run(monkeypatch):
     tfguard.check_tensorflow(environ=environ)
     tfguard.check_tensorflow(environ=environ)      # a task the command started: it inherited the marker
     assert len(shown) == 1 and environ == {tfguard.CHECKED_ENV: "1"}
+
+
+def test_a_task_that_must_import_this_tfcluster_is_given_the_folder_that_holds_it():
+    from tfcluster.topology import taskenv
+    assert os.path.isfile(os.path.join(taskenv.PACKAGE_ROOT, "tfcluster", "__init__.py"))
+    env = taskenv.task_environment(tfcluster.Cluster.local(workers=1, ports=[1]).with_task("worker", 0),
+                                   base={}, import_tfcluster=True)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == taskenv.PACKAGE_ROOT

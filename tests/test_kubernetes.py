@@ -20,7 +20,7 @@ from conftest import REPO, base_env, kill_tree, no_process_left, run_cli
 from jobs.stream import Stream
 from netns import unavailable_reason
 from pods import Pods, container, local_argv, read_tfjob, replica_port, tfjob_replicas
-from tfcluster.cluster import Cluster, Task
+from tfcluster.topology.cluster import Cluster, Task
 
 MANIFEST = os.path.join(REPO, "examples", "kubernetes", "digits-tfjob.json")
 FIRST_STEP = r"(\w+:\d+) first step done .* global step (\d+)"

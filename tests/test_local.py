@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from conftest import Procs, base_env, kill_tree, no_process_left, run_cli
-from tfcluster.ports import pick_free_ports
+from tfcluster.topology.ports import pick_free_ports
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 PY = sys.executable

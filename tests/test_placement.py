@@ -9,7 +9,7 @@ tf = pytest.importorskip("tensorflow")
 tf1 = tf.compat.v1
 
 from tfcluster import Cluster  # noqa: E402
-from tfcluster.placement import (ByteBalancedSetter, PlacementReport, device_setter,  # noqa: E402
+from tfcluster.graph.placement import (ByteBalancedSetter, PlacementReport, device_setter,  # noqa: E402
                                  partition_big_variables, placement_report)
 
 PS0, PS1 = "/job:ps/task:0", "/job:ps/task:1"

@@ -1,7 +1,7 @@
 """Where a POSIX feature is missing, tfcluster still imports and runs, and says in one line what is off.
 
 This machine is Linux with every feature, so their absence is simulated: the
-probes of :mod:`tfcluster.posix` switched off in-process, and, for the import,
+probes of :mod:`tfcluster.core.posix` switched off in-process, and, for the import,
 a child Python whose ``signal`` module has no SIGHUP before tfcluster loads.
 The Linux path itself is what every other launcher test runs.
 """
@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from conftest import base_env
-from tfcluster import posix
+from tfcluster.core import posix
 from tfcluster.launch import LaunchConfig, LocalLauncher
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
@@ -42,7 +42,7 @@ def test_on_linux_every_feature_is_there():
 def launcher_lines(monkeypatch):
     """The ``tfcluster`` logger sent to a list of lines for one test, as the CLI sends it to stdout."""
     import logging
-    from tfcluster.logs import use_prefixed_logging
+    from tfcluster.core.logs import use_prefixed_logging
     log = logging.getLogger("tfcluster")
     saved = log.handlers[:], log.level, log.propagate
     out = Lines()
@@ -83,7 +83,7 @@ def test_without_network_namespaces_isolation_is_off_with_the_reason(monkeypatch
 NO_POSIX_EXTRAS = textwrap.dedent("""
     import signal, sys
     del signal.SIGHUP
-    import tfcluster.posix as posix
+    import tfcluster.core.posix as posix
     posix.prctl = lambda: None
     from tfcluster.cli import main
     sys.exit(main(sys.argv[1:]))

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from tfcluster.ports import PortReservation, pick_free_ports, port_holder, port_is_free
+from tfcluster.topology.ports import PortReservation, pick_free_ports, port_holder, port_is_free
 
 
 def plain_bind(port):

@@ -10,12 +10,12 @@ import types
 
 import pytest
 
-from tfcluster import hooks
-from tfcluster.hooks import ProgressHook, StepValues
+from tfcluster.training import hooks
+from tfcluster.training.hooks import ProgressHook, StepValues
 
 
 class Clock:
-    """Stands in for the ``time`` module inside tfcluster.hooks."""
+    """Stands in for the ``time`` module inside tfcluster.training.hooks."""
 
     def __init__(self):
         self.now = 1000.0

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import TFCLUSTER, Procs, base_env, kill_tree, wait_until
-from tfcluster.ports import pick_free_ports
+from tfcluster.topology.ports import pick_free_ports
 
 tf = pytest.importorskip("tensorflow")
 
@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import _fit_job as job  # noqa: E402
 
-from tfcluster.evaluation import evaluate, predict  # noqa: E402
+from tfcluster.training.evaluation import evaluate, predict  # noqa: E402
 
 pytestmark = pytest.mark.slow
 JOB = [sys.executable, os.path.join(HERE, "_fit_job.py")]

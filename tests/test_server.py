@@ -15,9 +15,9 @@ import psutil
 import pytest
 
 from conftest import base_env, no_process_left, run_cli, wait_until
-from tfcluster.cluster import Cluster, Task
-from tfcluster.ports import port_is_free
-from tfcluster.server import probe
+from tfcluster.topology.cluster import Cluster, Task
+from tfcluster.topology.ports import port_is_free
+from tfcluster.runtime.server import probe
 
 #: A line tfcluster itself writes: a timestamped log line or the one error line.
 OWN_LINE = re.compile(r"^(\d\d:\d\d:\d\d tfcluster: |tfcluster: error: )")

@@ -24,7 +24,7 @@ from jobs.stream import Stream
 from netns import Hosts
 from netns import unavailable_reason as netns_unavailable
 from slurmhost import Node, Slurm
-from tfcluster.slurm import expand_hostlist
+from tfcluster.topology.slurm import expand_hostlist
 
 pytestmark = [pytest.mark.slow]
 

@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO, base_env, no_process_left, run_cli
-from tfcluster.data import DataError, load_digits, write_idx
-from tfcluster.errors import TfclusterError
-from tfcluster.ports import pick_free_ports
+from tfcluster.core.errors import DataError
+from tfcluster.data import load_digits, write_idx
+from tfcluster.core.errors import TfclusterError
+from tfcluster.topology.ports import pick_free_ports
 from tfcluster.tf1 import tf1_command
 from tfcluster.tf1 import mnist as input_data
 

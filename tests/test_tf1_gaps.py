@@ -17,8 +17,8 @@ import time
 import pytest
 
 from conftest import REPO, base_env
-from tfcluster.cluster import Cluster
-from tfcluster.ports import pick_free_ports
+from tfcluster.topology.cluster import Cluster
+from tfcluster.topology.ports import pick_free_ports
 
 PY = sys.executable
 TF1 = [PY, "-m", "tfcluster.tf1"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tfcluster.tferrors import describe, summary
+from tfcluster.core.tferrors import describe, summary
 
 # What TF 2.21 raised for a Saver.save onto a full tmpfs (test_faults_users_hit's full disk), verbatim.
 FULL_DISK = ("Graph execution error:\n\nDetected at node 'save/SaveV2' defined at (most recent call last):\n"

@@ -22,11 +22,11 @@ import _fit_job as job  # noqa: E402
 from conftest import REPO, base_env  # noqa: E402
 
 from tfcluster import Cluster, SpecError  # noqa: E402
-from tfcluster.placement import REPLICA_COLLECTION, placement_report  # noqa: E402
+from tfcluster.graph.placement import REPLICA_COLLECTION, placement_report  # noqa: E402
 from tfcluster.strategies import (CentralStorageStrategy, CollectiveAllReduceStrategy, LocalStrategy,  # noqa: E402
                                   MirroredStrategy, ModelFnError, ModelOutput, ParameterServerStrategy, Towers, get)
 from placement_probe import executed_placement, tower_of  # noqa: E402
-from tfcluster.train import fit  # noqa: E402
+from tfcluster.training.train import fit  # noqa: E402
 
 BATCH = 16
 STEPS = 20

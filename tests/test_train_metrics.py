@@ -20,8 +20,8 @@ tf1 = tf.compat.v1
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fit_job as job  # noqa: E402
 
-from tfcluster.errors import SpecError  # noqa: E402
-from tfcluster.train import fit  # noqa: E402
+from tfcluster.core.errors import SpecError  # noqa: E402
+from tfcluster.training.train import fit  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ import sys
 import tensorflow as tf
 import tfcluster
 from tfcluster import Mode, ModelOutput
-from tfcluster.logs import setup_cli_logging
+from tfcluster.core.logs import setup_cli_logging
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 setup_cli_logging()

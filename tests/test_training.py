@@ -17,14 +17,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fit_job as job  # noqa: E402
 
 from tfcluster import Cluster, SpecError  # noqa: E402
-from tfcluster.placement import SYNC_STATE_COLLECTION, placement_report  # noqa: E402
+from tfcluster.graph.placement import SYNC_STATE_COLLECTION, placement_report  # noqa: E402
 from tfcluster.strategies import (InputContext, LocalStrategy, ModelFnError, ModelOutput,  # noqa: E402
                                   ParameterServerStrategy, ReplicaContext, StepRunner, Strategy, TrainGraph, get,
                                   names, register, replica_loss)
 from tfcluster.strategies.base import build_single_replica, global_step_after  # noqa: E402
-from tfcluster.checkpoints import DONE_MARKER, read_done_marker  # noqa: E402
-from tfcluster.evaluation import evaluate, predict  # noqa: E402
-from tfcluster.train import fit  # noqa: E402
+from tfcluster.runtime.checkpoints import DONE_MARKER, read_done_marker  # noqa: E402
+from tfcluster.training.evaluation import evaluate, predict  # noqa: E402
+from tfcluster.training.train import fit  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +260,7 @@ def test_sync_state_sits_beside_each_variable_and_stays_out_of_checkpoints(data)
 
 # ------------------------------------------------------------ pitfall 15
 def test_a_step_falsely_rejected_as_a_duplicate_is_rerun_and_other_aborts_are_not(caplog):
-    from tfcluster.duplicates import rerun
+    from tfcluster.core.duplicates import rerun
     calls = []
 
     def flaky():

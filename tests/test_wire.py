@@ -26,7 +26,7 @@ PARAMS = 32 * 64 + 64 * 64 + 64 + 64 * 4 + 4
 
 def test_a_wire_type_is_checked_and_named_as_the_caller_named_it(monkeypatch):
     from tfcluster import strategies
-    from tfcluster.errors import SpecError
+    from tfcluster.core.errors import SpecError
     with pytest.raises(SpecError) as e:
         strategies.get("async", wire="int8")
     assert str(e.value) == "wire must be one of float32, bfloat16, float16, got 'int8'"
@@ -45,7 +45,7 @@ def test_a_wire_type_is_checked_and_named_as_the_caller_named_it(monkeypatch):
 def test_16_bit_wires_round_trip_large_and_small_values():
     import tensorflow as tf
 
-    from tfcluster.wire import pack, unpack
+    from tfcluster.graph.wire import pack, unpack
     x = np.array([3e5, -7e4, 1.5, -2e-3, 1e-6, 0.0], np.float32)
     with tf.Graph().as_default(), tf.compat.v1.Session() as session:
         t = tf.constant(x)

@@ -10,22 +10,24 @@ is replicated) -> ``session`` and ``loop`` with its ``hooks`` -> ``train`` and
 load on first use.
 """
 
-from .version import __version__  # noqa: E402,F401
+from .core.version import __version__  # noqa: E402,F401
 
-from .errors import TfclusterError, SpecError, PortInUseError, ClusterUnreachableError  # noqa: E402
-from .cluster import Cluster, Task  # noqa: E402
-from .taskenv import quiet_tensorflow  # noqa: E402
-from .server import start_server, server_from_tf_config, probe, wait_for_cluster, serve_until_done, signal_done  # noqa: E402,E501
+from .core.errors import TfclusterError, SpecError, PortInUseError, ClusterUnreachableError  # noqa: E402
+from .topology.cluster import Cluster, Task  # noqa: E402
+from .topology.taskenv import quiet_tensorflow  # noqa: E402
+from .runtime.server import start_server, server_from_tf_config, probe, wait_for_cluster, serve_until_done, signal_done  # noqa: E402,E501
 
 # Names whose modules import TensorFlow when used: resolved lazily, so the CLI stays fast.
 _LAZY = {
-    "fit": "train", "FitResult": "train", "FitConfig": "train",
-    "evaluate": "evaluation", "predict": "evaluation", "run_evaluator": "evaluation",
-    "ModelOutput": "model", "InputContext": "model", "Mode": "model", "ReplicaContext": "model",
-    "Hook": "hooks", "RunArgs": "hooks",
-    "ParameterServerStrategy": "strategies", "LocalStrategy": "strategies", "SyncStallError": "errors",
-    "ByteBalancedSetter": "placement", "placement_report": "placement", "PlacementReport": "placement",
-    "device_setter": "placement", "partition_big_variables": "placement",
+    "fit": "training.train", "FitResult": "training.train", "FitConfig": "training.train",
+    "evaluate": "training.evaluation", "predict": "training.evaluation", "run_evaluator": "training.evaluation",
+    "ModelOutput": "graph.model", "InputContext": "graph.model", "Mode": "graph.model",
+    "ReplicaContext": "graph.model",
+    "Hook": "training.hooks", "RunArgs": "training.hooks",
+    "ParameterServerStrategy": "strategies", "LocalStrategy": "strategies", "SyncStallError": "core.errors",
+    "ByteBalancedSetter": "graph.placement", "placement_report": "graph.placement",
+    "PlacementReport": "graph.placement", "device_setter": "graph.placement",
+    "partition_big_variables": "graph.placement",
 }
 
 

@@ -35,7 +35,7 @@ args = p.parse_args()
 import tensorflow as tf  # noqa: E402
 
 import tfcluster  # noqa: E402
-from tfcluster.logs import setup_cli_logging  # noqa: E402
+from tfcluster.core.logs import setup_cli_logging  # noqa: E402
 from tfcluster.strategies import ModelOutput, ParameterServerStrategy  # noqa: E402
 
 tf1 = tf.compat.v1

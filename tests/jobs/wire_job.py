@@ -30,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 import tfcluster  # noqa: E402
-from tfcluster.logs import setup_cli_logging  # noqa: E402
+from tfcluster.core.logs import setup_cli_logging  # noqa: E402
 from tfcluster.strategies import ModelOutput, ParameterServerStrategy  # noqa: E402
 
 tf1 = tf.compat.v1

@@ -4,18 +4,18 @@ One module per command (``start``, ``local``, ``spec``, ``status``), each with
 its options (``add_parser``) and what it does (``run``); :mod:`.common` holds
 what they share. The library's errors name its parameters; :func:`main` shows
 them under the command's own flags, as one line with the exit code of
-:mod:`tfcluster.exits`.
+:mod:`tfcluster.core.exits`.
 """
 
 import argparse
 import signal
 import sys
 
-from ..version import __version__
-from ..errors import TfclusterError
-from ..exits import EXIT_USAGE, from_signal
-from ..logs import setup_cli_logging
-from ..tfguard import INSTALL_HINT
+from ..core.version import __version__
+from ..core.errors import TfclusterError
+from ..core.exits import EXIT_USAGE, from_signal
+from ..core.logs import setup_cli_logging
+from ..core.tfguard import INSTALL_HINT
 from . import local, spec, start, status
 from .common import add_cluster_args, cluster_from_args, environment_defaults, split_command
 
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         print(f"tfcluster: error: {e.naming(flag_names(args.parser))}", file=sys.stderr)
         return e.exit_code
     except ModuleNotFoundError as e:
-        # A backstop: every command checks first where it knows it needs TensorFlow (tfcluster.tfguard).
+        # A backstop: every command checks first where it knows it needs TensorFlow (tfcluster.core.tfguard).
         if not _tensorflow_missing(e):
             raise
         print(f"tfcluster: error: TensorFlow is not installed; {INSTALL_HINT}", file=sys.stderr)

@@ -14,8 +14,8 @@ import os
 import re
 import sys
 
-from ..cluster import TASK_TYPES, Cluster
-from ..errors import TfclusterError
+from ..topology.cluster import TASK_TYPES, Cluster
+from ..core.errors import TfclusterError
 
 log = logging.getLogger("tfcluster")
 
@@ -111,7 +111,7 @@ def add_run_args(p):
     p.add_argument("--strategy", choices=names(), metavar="NAME",
                    help=f"the strategy tfcluster.fit uses when the script names none ({STRATEGY_ENV}); one of "
                         f"{', '.join(names())}")
-    from ..wire import WIRE_ENV, WIRES
+    from ..graph.wire import WIRE_ENV, WIRES
     p.add_argument("--wire", choices=WIRES, metavar="TYPE",
                    help=f"the type weights and gradients travel in between ps and workers (or in all-reduce) "
                         f"when the script's strategy names none ({WIRE_ENV}): {', '.join(WIRES)}; the ps keeps "
@@ -147,7 +147,7 @@ def task_command(args) -> list:
 def extra_environment(args) -> dict:
     """Variables every task's command gets from this command's options (the strategy, its wire)."""
     from ..strategies import STRATEGY_ENV
-    from ..wire import WIRE_ENV
+    from ..graph.wire import WIRE_ENV
     env = {STRATEGY_ENV: args.strategy} if getattr(args, "strategy", None) else {}
     if getattr(args, "wire", None):
         env[WIRE_ENV] = args.wire

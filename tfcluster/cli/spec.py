@@ -3,9 +3,9 @@
 import shlex
 import sys
 
-from ..cluster import Cluster
-from ..errors import TfclusterError
-from ..private import open_private
+from ..topology.cluster import Cluster
+from ..core.errors import TfclusterError
+from ..core.private import open_private
 from .common import task_count
 
 

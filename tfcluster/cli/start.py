@@ -9,12 +9,12 @@ import sys
 import tempfile
 import threading
 
-from .. import posix
-from ..cluster import Cluster, is_loopback, parse_address
-from ..errors import ClusterUnreachableError, TfclusterError
-from ..exits import exit_status
-from ..taskenv import prepare_this_process, task_environment
-from ..tfguard import check_tensorflow
+from ..core import posix
+from ..topology.cluster import Cluster, is_loopback, parse_address
+from ..core.errors import ClusterUnreachableError, TfclusterError
+from ..core.exits import exit_status
+from ..topology.taskenv import prepare_this_process, task_environment
+from ..core.tfguard import check_tensorflow
 from .common import add_cluster_args, add_run_args, cluster_from_args, extra_environment, task_command
 
 log = logging.getLogger("tfcluster")
@@ -50,7 +50,7 @@ def _warn_if_exposed(cluster: Cluster):
     address = cluster.address(cluster.task)
     host, port = parse_address(address)
     # A Kubernetes service name, <service>.<namespace>.svc[.cluster.local] (a pod's own is
-    # <host>.<subdomain>.<namespace>.svc), as Kubeflow's TFJob names every task (tfcluster/tfconfig.py):
+    # <host>.<subdomain>.<namespace>.svc), as Kubeflow's TFJob names every task (tfcluster/topology/tfconfig.py):
     # the cluster's DNS gives it a pod address, reachable inside the cluster only. After another cluster
     # domain than cluster.local the name could be a public one, so that still warns.
     kubernetes = re.fullmatch(r"(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?\.){2,3}svc(?:\.cluster\.local)?", host.lower())
@@ -102,7 +102,7 @@ def _slurm_resources(args, task):
     which); else None."""
     if not args.slurm:
         return None
-    from ..devices import assign_slurm, list_gpus
+    from ..topology.devices import assign_slurm, list_gpus
     gpus, source = list_gpus()
     mine = assign_slurm(os.environ, task.job, gpus)
     log.info("%s gets %s (Slurm: SLURM_LOCALID %s, %s)", task, mine.describe(), os.environ.get("SLURM_LOCALID", "?"),
@@ -130,7 +130,7 @@ def run(args) -> int:
 
 
 def _host_server(cluster: Cluster, args) -> int:
-    from ..server import drain_on_sigterm, serve_until_done, start_server, wait_for_cluster
+    from ..runtime.server import drain_on_sigterm, serve_until_done, start_server, wait_for_cluster
     task = cluster.task
     prepare_this_process(args.verbose, hosted_server=True)
     stop = threading.Event()
@@ -210,7 +210,7 @@ def _done_record(cluster: Cluster, env: dict):
     library in the command notes each ps it told that this task is done; else None."""
     if cluster.role() not in ("worker", "chief") or not cluster.num_tasks("ps"):
         return None
-    from ..server import DONE_RECORD_ENV
+    from ..runtime.server import DONE_RECORD_ENV
     fd, path = tempfile.mkstemp(prefix="tfcluster-done-")
     os.close(fd)
     env[DONE_RECORD_ENV] = path
@@ -224,7 +224,7 @@ def _tell_ps_done(cluster: Cluster, record: str, args):
     here, after fit sent its own, reached a ps that was exiting and waited
     out its deadlines: 18 s and a warning per worker at the end of every job.
     """
-    from ..server import signal_done, told_by_record
+    from ..runtime.server import signal_done, told_by_record
     told = told_by_record(record, cluster.task)
     pending = [ps for ps in cluster.tasks(("ps",)) if str(ps) not in told]
     if not pending:

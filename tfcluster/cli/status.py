@@ -2,7 +2,7 @@
 
 import sys
 
-from ..exits import EXIT_DOWN
+from ..core.exits import EXIT_DOWN
 from .common import add_cluster_args, cluster_from_args
 
 
@@ -21,7 +21,7 @@ def add_parser(sub):
 def run(args) -> int:
     """Print one row per task (job, index, address, up/down); exit 1 if any is down."""
     cluster = cluster_from_args(args, need_task=False)
-    from ..server import probe
+    from ..runtime.server import probe
     states = probe(cluster, timeout=args.timeout)
     print(f"{'JOB':<8} {'INDEX':>5}  {'ADDRESS':<28} STATE")
     for t, state in states.items():

@@ -15,8 +15,8 @@ with one line naming what to use instead; docs/estimator.md lists both.
 
 import tensorflow as tf
 
-from ..errors import TF1RemovedError
-from ..sync_replicas import SyncReplicasOptimizer
+from ..core.errors import TF1RemovedError
+from ..strategies.sync_replicas import SyncReplicasOptimizer
 from . import export, inputs
 from .estimator import Estimator
 from .export import Exporter, FinalExporter, LatestExporter

@@ -5,8 +5,8 @@ import inspect
 
 import tensorflow as tf
 
-from ..errors import ModelFnError
-from ..model import split_element
+from ..core.errors import ModelFnError
+from ..graph.model import split_element
 from .spec import EstimatorSpec
 
 tf1 = tf.compat.v1

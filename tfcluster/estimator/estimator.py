@@ -13,7 +13,7 @@ import tempfile
 
 import tensorflow as tf
 
-from ..errors import SpecError
+from ..core.errors import SpecError
 from . import export as export_lib
 from . import inference
 from .calls import check_model_fn

@@ -11,10 +11,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from ..checkpoints import checkpoint_exists, restore_error
-from ..errors import TfclusterError
-from ..hooks import StepContext, StepValues
-from ..loop import merge_requests
+from ..runtime.checkpoints import checkpoint_exists, restore_error
+from ..core.errors import TfclusterError
+from ..training.hooks import StepContext, StepValues
+from ..training.loop import merge_requests
 from .calls import call_input_fn, call_model_fn
 from .spec import ModeKeys
 

@@ -10,7 +10,7 @@ of the data, each in its own shuffled order.
 import numpy as np
 import tensorflow as tf
 
-from ..errors import SpecError, TF1RemovedError
+from ..core.errors import SpecError, TF1RemovedError
 
 
 def _as_arrays(value, what):

@@ -15,7 +15,7 @@ import warnings
 
 import tensorflow as tf
 
-from ..errors import ModelFnError, SpecError
+from ..core.errors import ModelFnError, SpecError
 from .estimator import Estimator
 from .spec import EstimatorSpec, ModeKeys
 

@@ -10,8 +10,8 @@ import copy
 import os
 from typing import Optional
 
-from ..cluster import Cluster, Task
-from ..errors import SpecError
+from ..topology.cluster import Cluster, Task
+from ..core.errors import SpecError
 
 _USE_DEFAULT = object()
 #: TF 1.x's save_checkpoints_secs when neither it nor save_checkpoints_steps is given.

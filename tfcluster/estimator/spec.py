@@ -4,7 +4,7 @@ import collections
 
 import tensorflow as tf
 
-from ..errors import ModelFnError
+from ..core.errors import ModelFnError
 
 
 class ModeKeys:

@@ -3,7 +3,7 @@
 The ``model_fn`` builds its own ``train_op``; tfcluster supplies the rest of
 what TF 1.x's Estimator took from ``replica_device_setter`` and
 ``MonitoredTrainingSession``, with tfcluster's fixes: variables go to the ps
-tasks by bytes (:mod:`tfcluster.placement`), every session sees only the ps
+tasks by bytes (:mod:`tfcluster.graph.placement`), every session sees only the ps
 tasks and itself, a non-chief starts within a second of the chief instead of
 waiting TF's 30 s (or the Estimator's extra (task_id + 1) x 5 s), a lost ps
 or worker is recovered a bounded number of times, and false duplicate
@@ -17,14 +17,14 @@ import time
 
 import tensorflow as tf
 
-from ..duplicates import rerun_in_every_session
-from ..errors import ModelFnError, TfclusterError
-from ..hooks import CheckpointHook, Hook, SummaryHook
-from ..liveness import ChiefHeartbeat
-from ..loop import run_loop
-from ..placement import ByteBalancedSetter
-from ..server import task_server, wait_for_cluster
-from ..session import TrainingSession
+from ..core.duplicates import rerun_in_every_session
+from ..core.errors import ModelFnError, TfclusterError
+from ..training.hooks import CheckpointHook, Hook, SummaryHook
+from ..training.liveness import ChiefHeartbeat
+from ..training.loop import run_loop
+from ..graph.placement import ByteBalancedSetter
+from ..runtime.server import task_server, wait_for_cluster
+from ..training.session import TrainingSession
 from ..strategies.base import StepRunner, TrainGraph, global_step_after
 from .calls import call_input_fn, call_model_fn
 from .spec import ModeKeys
@@ -32,7 +32,7 @@ from .spec import ModeKeys
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")
 
-#: Workers stop, in one line, when the chief has not been heard from for this long (tfcluster.liveness).
+#: Workers stop, in one line, when the chief has not been heard from for this long (tfcluster.training.liveness).
 CHIEF_TIMEOUT_SECS = 60.0
 
 class StepLogHook(Hook):

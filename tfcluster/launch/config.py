@@ -2,7 +2,7 @@
 
 Everything that can be refused is refused here, before any process starts or
 any file is made, in one line that names the parameter (``max_restarts must
-be ...``; the CLI shows the flag instead, :class:`~tfcluster.errors.TfclusterError`).
+be ...``; the CLI shows the flag instead, :class:`~tfcluster.core.errors.TfclusterError`).
 """
 
 import os
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Optional, Tuple
 
-from ..cluster import Cluster, is_loopback, parse_address
-from ..errors import SpecError
+from ..topology.cluster import Cluster, is_loopback, parse_address
+from ..core.errors import SpecError
 
 LEGACY_FLAG_STYLES = ("all", "job-task", "none")
 
@@ -45,7 +45,7 @@ class LaunchConfig:
     - ``gpus_per_worker``: GPUs of each worker and the chief (None: the listed
       GPUs split evenly); ``threads_per_task``: every task's thread pools (None:
       the cores split among the trainers, 0: TensorFlow's defaults). See
-      :mod:`tfcluster.devices`.
+      :mod:`tfcluster.topology.devices`.
     - ``timestamps``: each line shown starts with the time it arrived.
     """
 

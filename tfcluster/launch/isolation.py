@@ -13,9 +13,9 @@ import socket
 import sys
 from typing import Optional
 
-from .. import posix
-from ..cluster import is_loopback, parse_address
-from ..errors import IsolationError, TfclusterError
+from ..core import posix
+from ..topology.cluster import is_loopback, parse_address
+from ..core.errors import IsolationError, TfclusterError
 from .config import LaunchConfig
 
 _CLONE_NEWNET = 0x40000000

@@ -1,7 +1,7 @@
 """From a LaunchConfig to the tasks to start: the log dir, the ports held, the cluster, each task's command.
 
 Every port is reserved at once and each stays held by a placeholder socket
-(:mod:`tfcluster.ports`) until its task's server answers, so nothing takes it
+(:mod:`tfcluster.topology.ports`) until its task's server answers, so nothing takes it
 in between; the tasks get ``TF_GRPC_REUSE_PORT=1`` to bind it anyway.
 """
 
@@ -9,12 +9,12 @@ import datetime
 import os
 import sys
 
-from ..cluster import Cluster, Task, parse_address
-from ..devices import assign_local, cpu_cores, list_gpus
-from ..errors import TfclusterError
-from ..ports import PortReservation, hold_port, port_holder
-from ..private import make_private_dir, open_private
-from ..taskenv import task_environment
+from ..topology.cluster import Cluster, Task, parse_address
+from ..topology.devices import assign_local, cpu_cores, list_gpus
+from ..core.errors import TfclusterError
+from ..topology.ports import PortReservation, hold_port, port_holder
+from ..core.private import make_private_dir, open_private
+from ..topology.taskenv import task_environment
 from .config import LaunchConfig
 from .processes import SERVING_JOBS, TaskProcess
 
@@ -100,7 +100,7 @@ def planned_tasks(config: LaunchConfig) -> list:
 
 
 def plan_resources(config: LaunchConfig, gpu_lister=list_gpus):
-    """``({task: Resources}, one line saying who gets what)``: GPUs and threads per task (:mod:`tfcluster.devices`)."""
+    """``({task: Resources}, one line saying who gets what)``: GPUs and threads per task (:mod:`tfcluster.topology.devices`)."""
     gpus, source = gpu_lister()
     cores = cpu_cores()
     assigned = assign_local(planned_tasks(config), gpus, cores, config.gpus_per_worker, config.threads_per_task,

@@ -19,10 +19,10 @@ import threading
 import time
 from typing import Optional
 
-from .. import posix
-from ..cluster import Task
-from ..errors import TfclusterError
-from ..private import open_private
+from ..core import posix
+from ..topology.cluster import Task
+from ..core.errors import TfclusterError
+from ..core.private import open_private
 
 log = logging.getLogger("tfcluster")
 

@@ -3,7 +3,7 @@
 The run ends once the trainers (the workers and the chief) have exited: TF1
 ps tasks never end by themselves (docs/pitfalls.md, item 2), so the launcher
 stops them, and gives the evaluator a grace period to finish. Exit codes of
-:meth:`LocalLauncher.run` (:mod:`tfcluster.exits`): 0 when every trainer
+:meth:`LocalLauncher.run` (:mod:`tfcluster.core.exits`): 0 when every trainer
 succeeded; otherwise the code of the first trainer that failed for good
 (128+N when it died of signal N), or of a ps that died and could not be
 restarted; 124 when the timeout expired; 128+N when the launcher itself got
@@ -17,9 +17,9 @@ import threading
 import time
 from typing import Optional
 
-from .. import posix
-from ..exits import EXIT_TIMEOUT, describe_exit, exit_status, from_signal
-from ..ports import hold_port
+from ..core import posix
+from ..core.exits import EXIT_TIMEOUT, describe_exit, exit_status, from_signal
+from ..topology.ports import hold_port
 from .config import LaunchConfig
 from .isolation import isolate_launch
 from .output import LineWriter, failure_cause
@@ -235,7 +235,7 @@ class LocalLauncher:
     # ------------------------------------------------------------- ports
     def _release_ports_when_up(self):
         """Drop each task's port placeholder once its server answers (or after PORT_HOLD_LIMIT)."""
-        from ..server import probe
+        from ..runtime.server import probe
         while not self._finished.wait(0.5):
             with self._lock:
                 pending = [p for p in self.procs if p.placeholder is not None and p.running]

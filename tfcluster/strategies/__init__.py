@@ -10,9 +10,9 @@ import functools
 import inspect
 import os
 
-from ..errors import CollectiveError, ModelFnError, SpecError, SyncStallError
-from ..hooks import Hook
-from ..model import InputContext, Mode, ModelOutput, ReplicaContext, replica_loss
+from ..core.errors import CollectiveError, ModelFnError, SpecError, SyncStallError
+from ..training.hooks import Hook
+from ..graph.model import InputContext, Mode, ModelOutput, ReplicaContext, replica_loss
 from .base import StepResult, StepRunner, Strategy, TrainGraph
 from .collective import CollectiveAllReduceStrategy
 from .local import LocalStrategy
@@ -23,7 +23,7 @@ from .towers import Towers
 __all__ = ["Strategy", "LocalStrategy", "ParameterServerStrategy", "MirroredStrategy", "CentralStorageStrategy",
            "CollectiveAllReduceStrategy", "Towers", "TrainGraph", "StepRunner", "StepResult", "Hook",
            "SyncStallError", "CollectiveError", "get", "register", "names", "default_name", "STRATEGY_ENV",
-           # the model contract (tfcluster.model), here too for model functions written against it
+           # the model contract (tfcluster.graph.model), here too for model functions written against it
            "Mode", "ModelOutput", "ModelFnError", "InputContext", "ReplicaContext", "replica_loss"]
 
 #: Environment variable naming the strategy ``fit`` uses when its caller names none (``--strategy``).

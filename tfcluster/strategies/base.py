@@ -1,6 +1,6 @@
 """The interface every way of replicating shares: a Strategy builds a TrainGraph, a StepRunner steps it.
 
-A :class:`Strategy` turns the model contract (:mod:`tfcluster.model`) into
+A :class:`Strategy` turns the model contract (:mod:`tfcluster.graph.model`) into
 training: it lays the variables out (``scope``), calls ``model_fn`` once per
 replica it hosts, scales each replica's loss to the global batch, combines the
 gradients its own way, and returns a :class:`TrainGraph`: the step to run, the
@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..duplicates import rerun
-from ..model import (InputContext, Mode, ReplicaContext, call_model_fn, compute_gradients, make_optimizer,
+from ..core.duplicates import rerun
+from ..graph.model import (InputContext, Mode, ReplicaContext, call_model_fn, compute_gradients, make_optimizer,
                      metric_updates, replica_loss)
 from .towers import Towers
 
@@ -72,7 +72,7 @@ class StepRunner:
         self._run = session.make_callable([self.train_fetch, self.loss], accept_options=True)
 
     def step(self, request=None) -> StepResult:
-        """Run one step, fetching what ``request`` (hooks' :class:`~tfcluster.hooks.RunArgs`) asks along."""
+        """Run one step, fetching what ``request`` (hooks' :class:`~tfcluster.training.hooks.RunArgs`) asks along."""
         # A step that TF falsely rejects ran nowhere but, with several ps, perhaps in
         # part on another ps: an async update is then applied partly twice, which
         # async training absorbs like any stale gradient.
@@ -95,7 +95,7 @@ class TrainGraph:
       sessions only, also after a restore (shared state kept out of checkpoints).
     - ``state_variables``: shared variables that are not part of the model
       (not checkpointed) but must be initialised before anyone trains.
-    - ``hooks``: :class:`~tfcluster.hooks.Hook` objects the strategy needs.
+    - ``hooks``: :class:`~tfcluster.training.hooks.Hook` objects the strategy needs.
     """
 
     runner: StepRunner

@@ -34,7 +34,7 @@ How the pieces fit in graph mode:
 With ``wire="bfloat16"`` the float32 gradients are all-reduced in bfloat16,
 half the bytes between the workers, and cast back before the update; every
 worker receives the same sum, so the copies stay identical. float16 is refused
-here: its per-tensor scale (:mod:`tfcluster.wire`) differs from worker to
+here: its per-tensor scale (:mod:`tfcluster.graph.wire`) differs from worker to
 worker, and a sum of differently scaled values means nothing.
 
 A collective that fails (a peer died, or timed out) aborts the process's
@@ -48,10 +48,10 @@ import itertools
 import logging
 from typing import Optional
 
-from ..errors import CollectiveError, SpecError
-from ..hooks import Hook
-from ..tferrors import summary
-from ..wire import WIRE_ENV, resolve_wire
+from ..core.errors import CollectiveError, SpecError
+from ..training.hooks import Hook
+from ..core.tferrors import summary
+from ..graph.wire import WIRE_ENV, resolve_wire
 from .base import StepRunner, Strategy, TrainGraph, build_single_replica, global_step_after
 
 log = logging.getLogger("tfcluster")
@@ -286,7 +286,7 @@ class CollectiveAllReduceStrategy(Strategy):
     # ------------------------------------------------------------- failures
     def failure(self, error, what: str, waited_for: float) -> CollectiveError:
         """A CollectiveError for ``error`` during ``what``, naming the peers that do not answer."""
-        from ..server import probe
+        from ..runtime.server import probe
         me = self.task
         others = [t for t in self.peers if t != me]
         states = probe(self.cluster, others, timeout=1.0) if others else {}

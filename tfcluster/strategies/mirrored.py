@@ -12,7 +12,7 @@
 The tower machinery itself, shared by every strategy, is :mod:`.towers`.
 """
 
-from ..errors import SpecError
+from ..core.errors import SpecError
 from .base import StepRunner, Strategy, TrainGraph, global_step_after
 from .towers import Towers
 

@@ -1,7 +1,7 @@
 """Between-graph replication over parameter servers: asynchronous and synchronous.
 
 Every worker builds the same graph; the variables live on the ps tasks, placed
-by bytes (:mod:`tfcluster.placement`). Each worker's loss is scaled to the
+by bytes (:mod:`tfcluster.graph.placement`). Each worker's loss is scaled to the
 global batch (per-worker batch x replicas in sync), so that gradients *add up*
 to the gradient of the global batch's mean loss.
 
@@ -20,16 +20,16 @@ is gathered, applied and bounded is :mod:`.sync`.
 
 **wire** (``"bfloat16"``, ``"float16"``; default ``TFCLUSTER_WIRE``, else
 float32): weights and gradients cross between ps and workers in 16 bits while
-the ps keeps and updates float32 (:mod:`tfcluster.wire`).
+the ps keeps and updates float32 (:mod:`tfcluster.graph.wire`).
 """
 
 import contextlib
 from typing import Optional
 
-from ..errors import SpecError
-from ..placement import (MAX_SHARD_BYTES, ByteBalancedSetter, check_max_shard_bytes, partition_big_variables,
+from ..core.errors import SpecError
+from ..graph.placement import (MAX_SHARD_BYTES, ByteBalancedSetter, check_max_shard_bytes, partition_big_variables,
                          partitioning_getter)
-from ..wire import Wire, resolve_wire
+from ..graph.wire import Wire, resolve_wire
 from .base import StepRunner, Strategy, TrainGraph, build_single_replica, global_step_after
 from .sync import SyncBuilder
 

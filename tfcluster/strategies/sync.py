@@ -13,7 +13,7 @@ queue each. Workers beyond R are backups: a step does not wait for the slowest.
 
 Every wait is bounded: a wait that lasts ``stall_warn_secs`` logs which
 workers have not contributed, and after ``stall_timeout_secs`` it raises
-:class:`~tfcluster.errors.SyncStallError` naming them (a worker died and no
+:class:`~tfcluster.core.errors.SyncStallError` naming them (a worker died and no
 backup covers it). Pushes are idempotent and waits re-check state on the ps,
 so a wait that timed out is simply resumed. The slots cost one extra copy of
 the model per worker on the ps, the price of exactness; they are not
@@ -23,9 +23,9 @@ checkpointed.
 import logging
 import time
 
-from ..duplicates import ATTEMPTS, is_false_duplicate, rerun, warn_rerun
-from ..errors import SyncStallError
-from ..placement import SYNC_STATE_COLLECTION
+from ..core.duplicates import ATTEMPTS, is_false_duplicate, rerun, warn_rerun
+from ..core.errors import SyncStallError
+from ..graph.placement import SYNC_STATE_COLLECTION
 from .base import StepResult, StepRunner, TrainGraph, run_with_request
 
 log = logging.getLogger("tfcluster")

@@ -38,9 +38,9 @@ import dataclasses
 import logging
 import re
 
-from ..errors import ModelFnError, SpecError
-from ..model import Mode, call_model_fn, make_optimizer, metric_updates, replica_loss
-from ..placement import PS_OPS, REPLICA_COLLECTION
+from ..core.errors import ModelFnError, SpecError
+from ..graph.model import Mode, call_model_fn, make_optimizer, metric_updates, replica_loss
+from ..graph.placement import PS_OPS, REPLICA_COLLECTION
 
 log = logging.getLogger("tfcluster")
 

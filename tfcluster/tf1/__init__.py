@@ -24,9 +24,9 @@ import os
 import sys
 import types
 
-from ..duplicates import rerun_in_every_session
-from ..errors import TF1RemovedError
-from ..taskenv import legacy_keras_available, prepare_this_process
+from ..core.duplicates import rerun_in_every_session
+from ..core.errors import TF1RemovedError
+from ..topology.taskenv import legacy_keras_available, prepare_this_process
 
 __all__ = ["install", "installed", "legacy_keras_available", "tf1_command", "TF1RemovedError",
            "READY_POLL_ENV", "DEFAULT_READY_POLL_SECS", "STOP_GRACE_ENV", "DEFAULT_STOP_GRACE_SECS"]
@@ -169,7 +169,7 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
     elif os.environ.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True") and legacy_keras_available():
         log.warning("TensorFlow was imported before TF1 mode was installed, without TF_USE_LEGACY_KERAS=1: "
                     "tf.layers may fail")
-    from ..taskenv import import_tensorflow
+    from ..topology.taskenv import import_tensorflow
     real = import_tensorflow()      # its loading lines hidden when its logs are quiet
     from tensorflow.python.util import deprecation
     from .. import estimator
@@ -258,7 +258,7 @@ def tf1_command(command, session_fixes_only: bool = False) -> list:
     mode is returned as it is; anything that is not a Python script or
     ``-m module`` raises TfclusterError.
     """
-    from ..errors import TfclusterError
+    from ..core.errors import TfclusterError
     command = list(command)
     if not command or not _is_python(command[0]):
         got = command[0] if command else "nothing"

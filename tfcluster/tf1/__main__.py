@@ -17,8 +17,8 @@ import os
 import runpy
 import sys
 
-from ..exits import EXIT_USAGE
-from ..logs import setup_tf1_logging
+from ..core.exits import EXIT_USAGE
+from ..core.logs import setup_tf1_logging
 from . import SESSION_FIXES_ONLY
 
 USAGE = "usage: python -m tfcluster.tf1 [--session-fixes-only] SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
@@ -34,7 +34,7 @@ def _fail(message: str) -> int:
 def _one_line_cause(error):
     """The error in the chain that deserves one clear line instead of a traceback, as text."""
     from . import TF1RemovedError
-    from ..errors import TfclusterError
+    from ..core.errors import TfclusterError
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     from . import install, install_session_fixes
     try:
         if fixes_only:
-            from ..taskenv import import_tensorflow
+            from ..topology.taskenv import import_tensorflow
             import_tensorflow()
             install_session_fixes()
         else:

@@ -12,7 +12,7 @@ Nothing here imports TensorFlow at import time; :func:`build` is given
 
 import types
 
-from ..errors import TF1RemovedError
+from ..core.errors import TF1RemovedError
 
 #: Where to look for the TF 2 replacement of a name this module does not map.
 MIGRATION_GUIDE = "its TF 2 replacement (https://www.tensorflow.org/guide/migrate; docs/tf1.md)"

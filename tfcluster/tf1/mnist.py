@@ -17,7 +17,8 @@ import os
 
 import numpy as np
 
-from ..data import MNIST_FILES, DataError, read_idx
+from ..core.errors import DataError
+from ..data.loaders import MNIST_FILES, read_idx
 
 __all__ = ["DataSet", "Datasets", "read_data_sets", "load_mnist", "dense_to_one_hot", "extract_images",
            "extract_labels", "maybe_download", "NUM_CLASSES"]

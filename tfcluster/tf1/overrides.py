@@ -2,7 +2,7 @@
 
 - ``tf.estimator``: tfcluster's (:mod:`tfcluster.estimator`); TF removed its own in 2.16.
 - ``tf.train``: ``tf.compat.v1.train``, with tfcluster's ``SyncReplicasOptimizer``,
-  whose steps take one gradient per distinct worker (:mod:`tfcluster.sync_replicas`).
+  whose steps take one gradient per distinct worker (:mod:`tfcluster.strategies.sync_replicas`).
 - ``tf.keras``: tf-keras in graph mode, with ``tf.keras.estimator.model_to_estimator``
   working again, ``Model.fit`` training on TF_CONFIG's cluster when it has ps tasks
   (:mod:`tfcluster.keras`), and, under ``tfcluster local``, progress bars that
@@ -48,7 +48,7 @@ def constant(v1):
 
 def train(v1):
     """``tf.train`` with the fair ``SyncReplicasOptimizer``."""
-    from ..sync_replicas import SyncReplicasOptimizer
+    from ..strategies.sync_replicas import SyncReplicasOptimizer
     return _Proxy(v1.train, SyncReplicasOptimizer=SyncReplicasOptimizer)
 
 

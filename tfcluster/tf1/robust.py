@@ -1,6 +1,6 @@
 """What legacy graph code needs to survive TF 2.21's distributed runtime.
 
-**False duplicate aborts** (docs/pitfalls.md, item 15; :mod:`tfcluster.duplicates`).
+**False duplicate aborts** (docs/pitfalls.md, item 15; :mod:`tfcluster.core.duplicates`).
 TF 2.21 rejects about one step in 43,000 as a duplicate request,
 although nothing was sent twice; several threads calling ``sess.run`` (queue
 runners) only make steps, and so collisions, come faster. The rejected step
@@ -9,7 +9,7 @@ too, but only after it has taken the error for a preemption, thrown its
 session away and made the chief restore the last checkpoint (or re-initialise
 every variable if there is none): the progress since then is silently lost,
 and a plain Session or a Supervisor simply crashes.
-:func:`tfcluster.duplicates.rerun_in_every_session` runs the step again at
+:func:`tfcluster.core.duplicates.rerun_in_every_session` runs the step again at
 once, for this one error only, and says so, in ``Session.run`` and in the
 callables queue runners step through.
 
@@ -40,8 +40,8 @@ import inspect
 import logging
 import threading
 
-from ..duplicates import last_failure
-from ..tferrors import describe
+from ..core.duplicates import last_failure
+from ..core.tferrors import describe
 
 log = logging.getLogger("tfcluster")
 
@@ -208,7 +208,7 @@ def cluster_sessions():
 def _this_task(servers):
     """This process's task of its cluster: TF_CONFIG's, else the last tf.train.Server's; None if neither."""
     import os
-    from ..cluster import Cluster
+    from ..topology.cluster import Cluster
     try:
         if os.environ.get("TF_CONFIG"):
             return Cluster.from_tf_config()

@@ -12,7 +12,7 @@ import tempfile
 import time
 from typing import Optional
 
-from .errors import SpecError, TfclusterError
+from ..core.errors import SpecError, TfclusterError
 
 #: The file the chief writes in the checkpoint dir after the final checkpoint.
 DONE_MARKER = "tfcluster_done.json"
@@ -118,7 +118,7 @@ class CheckpointUnreadable(TfclusterError):
 
 def restore_error(path: str, error) -> TfclusterError:
     """What a failed restore of ``path`` means: the checkpoint vanished or is unreadable, or it does not match."""
-    from .tferrors import summary
+    from ..core.tferrors import summary
     kind = type(error).__name__
     if not checkpoint_exists(path):
         return CheckpointUnreadable(f"checkpoint {path} vanished while it was read (the chief rotated it away)")

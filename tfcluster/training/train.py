@@ -27,17 +27,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from . import strategies
-from .checkpoints import prepare_checkpoint_dir
-from .cluster import Cluster
-from .errors import ChiefLostError, SpecError
+from .. import strategies
+from ..runtime.checkpoints import prepare_checkpoint_dir
+from ..topology.cluster import Cluster
+from ..core.errors import ChiefLostError, SpecError
 from .evaluation import local_config, run_evaluator
 from .hooks import CheckpointHook, ProgressHook, SummaryHook, TimelineHook
 from .liveness import ChiefHeartbeat
 from .loop import run_loop
-from .model import make_dataset, split_element
-from .placement import human_bytes, placement_report
-from .server import serve_until_done, signal_done, task_server, wait_for_cluster
+from ..graph.model import make_dataset, split_element
+from ..graph.placement import human_bytes, placement_report
+from ..runtime.server import serve_until_done, signal_done, task_server, wait_for_cluster
 from .session import TrainingSession
 from .train_metrics import SharedMetrics, TrainMetricsHook, examples_in, steps_for_epochs
 
@@ -159,8 +159,8 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: Optional[in
     The input is repeated as needed. ``epochs`` instead of ``steps``: passes
     over the data, whose size is read from ``input_fn`` (or given as
     ``examples_per_epoch``); model_fn's ``metrics`` are then reported at each
-    epoch's end (:mod:`tfcluster.train_metrics`). ``hooks``: more
-    :class:`~tfcluster.hooks.Hook` (or TF ``SessionRunHook``) objects for the
+    epoch's end (:mod:`tfcluster.training.train_metrics`). ``hooks``: more
+    :class:`~tfcluster.training.hooks.Hook` (or TF ``SessionRunHook``) objects for the
     loop. ``config`` and ``**options``: :class:`FitConfig`.
     """
     config = (config or FitConfig()).replace(**options)

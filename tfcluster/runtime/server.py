@@ -15,11 +15,11 @@ import threading
 import time
 from typing import Optional
 
-from .cluster import Cluster, Task, parse_address
-from .errors import ClusterUnreachableError, PortInUseError, SpecError
-from .ports import port_holder, port_is_free
-from .taskenv import import_tensorflow, native_logs_quiet, native_stderr_silenced
-from .tferrors import summary
+from ..topology.cluster import Cluster, Task, parse_address
+from ..core.errors import ClusterUnreachableError, PortInUseError, SpecError
+from ..topology.ports import port_holder, port_is_free
+from ..topology.taskenv import import_tensorflow, native_logs_quiet, native_stderr_silenced
+from ..core.tferrors import summary
 
 log = logging.getLogger("tfcluster")
 

@@ -12,7 +12,7 @@ closed and recreated the way MonitoredSession does it: the chief restores from
 the last checkpoint, the others wait for it again. Unlike MonitoredSession,
 every recovery is logged with its cause and their number is bounded. Steps run
 from one thread only: concurrent ``run`` calls on a gRPC target make TF 2.21's
-false duplicate aborts more frequent (pitfalls item 15, :mod:`tfcluster.duplicates`).
+false duplicate aborts more frequent (pitfalls item 15, :mod:`tfcluster.core.duplicates`).
 """
 
 import atexit
@@ -22,10 +22,10 @@ import time
 from typing import Optional
 
 from .chief import ChiefStart
-from .duplicates import rerun
-from .errors import ClusterUnreachableError, RecoveryLimitError, StepTimeoutError
-from .server import wait_for_cluster
-from .tferrors import recoverable, summary
+from ..core.duplicates import rerun
+from ..core.errors import ClusterUnreachableError, RecoveryLimitError, StepTimeoutError
+from ..runtime.server import wait_for_cluster
+from ..core.tferrors import recoverable, summary
 
 log = logging.getLogger("tfcluster")
 
@@ -197,7 +197,7 @@ class TrainingSession:
     def step(self, request=None):
         """One training step (a :class:`~tfcluster.strategies.StepResult`), recovering from a lost task.
 
-        ``request``: what hooks want fetched along (:class:`~tfcluster.hooks.RunArgs`), or None.
+        ``request``: what hooks want fetched along (:class:`~tfcluster.training.hooks.RunArgs`), or None.
         """
         while True:
             try:
@@ -215,7 +215,7 @@ class TrainingSession:
         """A step outlasted step_timeout_secs: name the tasks that stopped answering, or say it is just slow."""
         if self.cluster is None:
             raise error
-        from .server import probe
+        from ..runtime.server import probe
         states = probe(self.cluster, self.cluster.needed_tasks(), timeout=2.0)
         silent = [f"{t} at {self.cluster.address(t)}" for t, state in states.items() if state != "up"]
         if not silent:

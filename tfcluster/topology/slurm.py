@@ -10,7 +10,7 @@ import itertools
 import re
 from typing import Mapping
 
-from .errors import SpecError
+from ..core.errors import SpecError
 
 
 def slurm_layout(env: Mapping, ps: int = 0, port_base: int = 8888):

@@ -15,8 +15,8 @@ although an older one was intact. Here, in order:
 
 import logging
 
-from .checkpoints import checkpoints_in
-from .tferrors import summary
+from ..runtime.checkpoints import checkpoints_in
+from ..core.tferrors import summary
 
 log = logging.getLogger("tfcluster")
 

@@ -14,7 +14,7 @@ of the data (every n-th example). The chief saves a tf-keras checkpoint
 After the fit, the model holds the trained weights, so ``evaluate`` and
 ``predict`` on it run locally as before. Updates are asynchronous, as in
 TF 1.x between-graph training; ``sync=True`` makes every step take one gradient
-from each worker (:mod:`tfcluster.sync_replicas`).
+from each worker (:mod:`tfcluster.strategies.sync_replicas`).
 """
 
 import logging
@@ -23,13 +23,13 @@ import time
 
 import tensorflow as tf
 
-from .cluster import Cluster
-from .errors import SpecError
-from .placement import ByteBalancedSetter
-from .preemption import Preempted, SigtermWatch
-from .server import serve_until_done, task_server, wait_for_cluster
-from .strategies import STRATEGY_ENV
-from .sync_replicas import for_keras
+from ..topology.cluster import Cluster
+from ..core.errors import SpecError
+from ..graph.placement import ByteBalancedSetter
+from ..runtime.preemption import Preempted, SigtermWatch
+from ..runtime.server import serve_until_done, task_server, wait_for_cluster
+from ..strategies import STRATEGY_ENV
+from ..strategies.sync_replicas import for_keras
 
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")

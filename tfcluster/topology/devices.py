@@ -36,7 +36,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable, Mapping, MutableMapping, Optional, Sequence, Tuple
 
-from .errors import SpecError
+from ..core.errors import SpecError
 
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"

@@ -1,7 +1,7 @@
 """Every error tfcluster reports to a user: one line, never a traceback.
 
 One family: each error is a :class:`TfclusterError` whose ``exit_code`` is
-what the command line exits with (see :mod:`tfcluster.exits`). An error about
+what the command line exits with (see :mod:`tfcluster.core.exits`). An error about
 parameters names them in its message as ``{name}`` and lists them in
 ``params``: the library shows the parameter's own name
 (``max_restarts must be ...``), the CLI its flag (``--max-restarts must be

@@ -17,9 +17,9 @@ import logging
 import math
 import time
 
-from .errors import SpecError
+from ..core.errors import SpecError
 from .hooks import Hook, RunArgs, scalar_summary
-from .model import InputContext, make_dataset
+from ..graph.model import InputContext, make_dataset
 
 log = logging.getLogger("tfcluster")
 

@@ -32,9 +32,9 @@ import os
 import time
 from typing import Optional
 
-from .checkpoints import CHECKPOINT_NAME, remove_partial, write_done_marker
-from .errors import CheckpointSaveError
-from .tferrors import summary
+from ..runtime.checkpoints import CHECKPOINT_NAME, remove_partial, write_done_marker
+from ..core.errors import CheckpointSaveError
+from ..core.tferrors import summary
 
 log = logging.getLogger("tfcluster")
 

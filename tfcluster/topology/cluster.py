@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional
 
-from .errors import SpecError
+from ..core.errors import SpecError
 from .tfconfig import read_layout
 
 #: The jobs with a role, in the order tasks are listed (other jobs follow, by name).
@@ -191,7 +191,7 @@ class Cluster:
     def from_dict(cls, data, where: str = "cluster spec") -> "Cluster":
         """Build from a TF_CONFIG-shaped dict (as Kubeflow's TFJob writes it too), or a bare cluster dict.
 
-        An evaluator listed in it is set aside, outside the cluster (:mod:`tfcluster.tfconfig`).
+        An evaluator listed in it is set aside, outside the cluster (:mod:`tfcluster.topology.tfconfig`).
         """
         layout = read_layout(data, where)
         try:
@@ -243,7 +243,7 @@ class Cluster:
 
     @classmethod
     def from_slurm(cls, environ: Optional[Mapping] = None, ps: int = 0, port_base: int = 8888) -> "Cluster":
-        """Build from Slurm's environment, as TF's SlurmClusterResolver does (see :mod:`tfcluster.slurm`)."""
+        """Build from Slurm's environment, as TF's SlurmClusterResolver does (see :mod:`tfcluster.topology.slurm`)."""
         from .slurm import slurm_layout
         jobs, task = slurm_layout(os.environ if environ is None else environ, ps=ps, port_base=port_base)
         return cls(jobs, task)

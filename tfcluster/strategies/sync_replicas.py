@@ -39,7 +39,7 @@ def trainer_index(anchor_device: str, total: int) -> int:
     text = os.environ.get("TF_CONFIG")
     if text:
         try:
-            from .cluster import Cluster
+            from ..topology.cluster import Cluster
             cluster = Cluster.from_json(text, where="TF_CONFIG")
             if cluster.task is not None and cluster.task in cluster.trainers():
                 return cluster.trainers().index(cluster.task)

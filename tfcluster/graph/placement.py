@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .errors import SpecError
+from ..core.errors import SpecError
 
 #: Op types that hold state and belong on a ps (as in TF's device_setter).
 PS_OPS = ("Variable", "VariableV2", "AutoReloadVariable", "VarHandleOp",

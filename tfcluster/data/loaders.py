@@ -6,14 +6,11 @@
 - ``load_mnist(path)``: MNIST or Fashion-MNIST from the four IDX ``.gz`` files
   in a directory, or from a Keras-style ``.npz``, for people who have them.
 - ``shard`` and ``to_dataset``: each worker's slice, as a ``tf.data`` pipeline.
-- ``arrays_outside_the_graph``: big numpy arrays that an input function turns
-  into a dataset stay out of the graph (a start-up cost, P5 in scripts/bench.py).
 
 Every loader returns a :class:`DataSet` of float32 images in [0, 1] with shape
 ``(n, height, width, 1)`` and int32 labels.
 """
 
-import contextlib
 import gzip
 import importlib.util
 import os
@@ -22,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DataError
+from ..core.errors import DataError
 
 #: File names of MNIST and Fashion-MNIST (the same four in both data sets).
 MNIST_FILES = {
@@ -187,68 +184,3 @@ def to_dataset(x: np.ndarray, y: np.ndarray, batch_size: int, num_shards: int = 
         ds = ds.repeat()
     # drop_remainder keeps every step's batch the size the loss is scaled by.
     return ds.batch(batch_size, drop_remainder=repeat).prefetch(2)
-
-
-# ------------------------------------------------------------------ arrays kept out of the graph
-#: A numpy array at least this big, given to ``from_tensor_slices`` or ``from_tensors``, stays out of the graph.
-OUTSIDE_GRAPH_BYTES = 1 << 20
-
-
-@contextlib.contextmanager
-def arrays_outside_the_graph(min_bytes: int = OUTSIDE_GRAPH_BYTES):
-    """While this is on, numpy arrays of ``min_bytes`` or more that make a dataset are read at run time.
-
-    ``tf.data.Dataset.from_tensor_slices(array)`` puts the array in the graph
-    as a constant, and TensorFlow's graph optimizer copies the whole graph each
-    time a session runs a new set of ops. With the bench's 25 MB array, a
-    worker's iterator initialisation took 1-2 s, and each of the five other
-    runs before its first step 0.1-0.3 s more (the P5 start-up figure of
-    scripts/bench.py); TF's own guide says to keep such arrays out of the graph.
-    Here each one is returned by a ``numpy_function`` (stateful, so it is never
-    folded back into a constant) when the iterator is initialised, in this
-    process: the input pipeline runs where the process that built it runs.
-    Only the outer graph's numeric arrays in tuples and dicts are kept out; the
-    dataset is the same.
-    """
-    try:
-        from tensorflow.python.data.ops import from_tensor_slices_op, from_tensors_op
-    except ImportError:   # another TensorFlow's layout (tfguard warns about the version): leave it
-        yield
-        return
-    patched = [(from_tensor_slices_op, "_from_tensor_slices"), (from_tensors_op, "_from_tensors")]
-    originals = [getattr(module, name, None) for module, name in patched]
-    if None in originals:
-        yield
-        return
-    for (module, name), original in zip(patched, originals):
-        setattr(module, name, _outside(original, min_bytes))
-    try:
-        yield
-    finally:
-        for (module, name), original in zip(patched, originals):
-            setattr(module, name, original)
-
-
-def _outside(make, min_bytes):
-    def wrapper(tensors, name=None):
-        return make(_lift(tensors, min_bytes), name)
-    return wrapper
-
-
-def _lift(value, min_bytes):
-    """``value`` with each big numeric array (in tuples and dicts) replaced by a tensor read at run time."""
-    import tensorflow as tf
-    if isinstance(value, np.ndarray):
-        if value.nbytes < min_bytes or value.dtype.kind not in "biufc" \
-                or tf.compat.v1.get_default_graph().building_function:
-            return value
-        out = tf.numpy_function(lambda: value, [], tf.as_dtype(value.dtype), stateful=True,
-                                name="array_outside_the_graph")
-        out.set_shape(value.shape)
-        return out
-    if isinstance(value, tuple):
-        items = [_lift(v, min_bytes) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    if isinstance(value, dict):
-        return type(value)((k, _lift(v, min_bytes)) for k, v in value.items())
-    return value

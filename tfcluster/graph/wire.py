@@ -41,7 +41,7 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 import logging
 import os
 
-from .errors import SpecError
+from ..core.errors import SpecError
 
 log = logging.getLogger("tfcluster")
 

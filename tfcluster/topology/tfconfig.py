@@ -9,7 +9,7 @@ tensorflow.go``, ``genTFConfigJSONStr``) gives replica ``i`` of each replica typ
 every address a headless service's name, ``<tfjob>-<type>-<i>.<namespace>.svc:<port>`` (with
 ``.<domain>`` after ``svc`` when the operator has ``CUSTOM_CLUSTER_DOMAIN``). Here:
 
-- ``master`` is TF 1.x's name for the chief (:data:`tfcluster.cluster.ROLES`);
+- ``master`` is TF 1.x's name for the chief (:data:`tfcluster.topology.cluster.ROLES`);
 - an ``evaluator`` listed in the cluster is set aside: no session, ps or trainer counts it or waits for
   it, as TF's distribute coordinator splits it off (``_split_cluster_for_evaluator``); the task of type
   ``evaluator`` still evaluates, outside the cluster;
@@ -26,8 +26,8 @@ every address a headless service's name, ``<tfjob>-<type>-<i>.<namespace>.svc:<p
   it is refused in one line that names what the task was told and what to do. TF itself never reads
   ``sparseCluster``; beside a full ``cluster`` it is checked against it and otherwise ignored.
 
-This module knows nothing of :class:`~tfcluster.cluster.Cluster`: it returns plain jobs, which the
-cluster validates, as :mod:`tfcluster.slurm` does for Slurm.
+This module knows nothing of :class:`~tfcluster.topology.cluster.Cluster`: it returns plain jobs, which the
+cluster validates, as :mod:`tfcluster.topology.slurm` does for Slurm.
 """
 
 import json
@@ -35,7 +35,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import SpecError
+from ..core.errors import SpecError
 
 log = logging.getLogger("tfcluster")
 

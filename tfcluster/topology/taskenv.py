@@ -12,7 +12,7 @@ or as a hosted ps sees the same settings:
 - ``TF_USE_LEGACY_KERAS=1`` when tf-keras is installed: ``tf.layers`` and
   graph-mode ``tf.keras`` need it (docs/pitfalls.md, item 13);
 - ``TF_GRPC_REUSE_PORT=1`` for a task whose port the launcher holds
-  (:mod:`tfcluster.ports`);
+  (:mod:`tfcluster.topology.ports`);
 - ``PYTHONUNBUFFERED=1``: lines reach the launcher as they are printed.
 
 A variable the user set is kept, except the log level under ``verbose``.
@@ -27,8 +27,9 @@ from typing import MutableMapping, Optional
 
 from .ports import REUSE_ENV
 
-#: The directory that holds the ``tfcluster`` package, for children that must import this very copy.
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The directory that holds the ``tfcluster`` package, for children that must import this very copy
+#: (this file is tfcluster/topology/taskenv.py).
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def legacy_keras_available() -> bool:

@@ -13,11 +13,11 @@ import os
 import time
 from typing import Optional
 
-from .checkpoints import (CheckpointUnreadable, checkpoint_exists, checkpoint_step, checkpoints_in, read_done_marker,
+from ..runtime.checkpoints import (CheckpointUnreadable, checkpoint_exists, checkpoint_step, checkpoints_in, read_done_marker,
                           resolve_checkpoint, restore_error)
-from .errors import ModelFnError, SpecError, TfclusterError
+from ..core.errors import ModelFnError, SpecError, TfclusterError
 from .hooks import scalar_summary
-from .model import InputContext, Mode, call_model_fn, make_dataset, per_example_losses, split_element
+from ..graph.model import InputContext, Mode, call_model_fn, make_dataset, per_example_losses, split_element
 
 log = logging.getLogger("tfcluster")
 

@@ -4,7 +4,7 @@ Schedulers stop jobs with SIGTERM and kill them a grace period later
 (Kubernetes 30 s, Slurm's KillWait 30 s, ``tfcluster local --stop-grace``).
 TF 1.x training installed no handler, so SIGTERM killed it mid-step and
 every step since the last periodic checkpoint was lost. While the training
-loop runs (:func:`tfcluster.loop.run_loop`), :class:`SigtermWatch` notes the
+loop runs (:func:`tfcluster.training.loop.run_loop`), :class:`SigtermWatch` notes the
 signal instead; the loop stops after the step in flight (a sync wait looks
 up every few seconds and gives up its step), every hook's ``end`` runs, so
 the chief writes its final checkpoint, and :class:`Preempted` ends the

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 
-from .errors import ChiefLostError
+from ..core.errors import ChiefLostError
 from .hooks import Hook
 
 log = logging.getLogger("tfcluster")
@@ -90,7 +90,7 @@ class ChiefHeartbeat(Hook):
             self._seen = (value, now)
             return
         if now - since >= self.timeout:
-            from .checkpoints import checkpoints_in
+            from ..runtime.checkpoints import checkpoints_in
             ckpts = checkpoints_in(self.checkpoint_dir) if self.checkpoint_dir else []
             latest = f"its last checkpoint is {ckpts[-1]}" if ckpts else "it wrote no checkpoint"
             raise ChiefLostError(f"{self.name}: the chief ({self.chief}) has not been heard from for {now - since:.0f}s "

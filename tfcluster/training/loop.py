@@ -2,14 +2,14 @@
 
 The loop is all that ``fit`` and the Estimator share of training: ask each
 hook what to fetch along (``before_run``), run one step through the
-:class:`~tfcluster.session.TrainingSession` (which reruns false duplicates and
+:class:`~tfcluster.training.session.TrainingSession` (which reruns false duplicates and
 recovers a lost session, bounded), hand each hook its results
 (``after_run``), until the global step reaches the target, a hook asks to
 stop, or the input runs out (``OutOfRangeError``, as for TF's
-MonitoredSession), or a SIGTERM comes (:mod:`tfcluster.preemption`: the step
-in flight ends, then :class:`~tfcluster.preemption.Preempted`); then every
+MonitoredSession), or a SIGTERM comes (:mod:`tfcluster.runtime.preemption`: the step
+in flight ends, then :class:`~tfcluster.runtime.preemption.Preempted`); then every
 hook's ``end``. Checkpoints, summaries and progress lines are hooks
-(:mod:`tfcluster.hooks`).
+(:mod:`tfcluster.training.hooks`).
 """
 
 import logging
@@ -18,7 +18,7 @@ import time
 from typing import Optional
 
 from .hooks import CheckpointHook, RunArgs, StepContext, StepValues
-from .preemption import Preempted, SigtermWatch, StepInterrupted
+from ..runtime.preemption import Preempted, SigtermWatch, StepInterrupted
 
 log = logging.getLogger("tfcluster")
 

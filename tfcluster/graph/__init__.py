@@ -1,0 +1,6 @@
+"""What a trainer's graph is made of, whatever the strategy.
+
+- :mod:`.model`: the model contract (``model_fn``, ``input_fn``) and the loss scaled to the global batch;
+- :mod:`.placement`: byte-balanced ps placement, partitioning, the placement report;
+- :mod:`.wire`: the 16-bit wire: weights and gradients cross in bfloat16, the ps keeps float32.
+"""
