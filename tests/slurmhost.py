@@ -40,9 +40,13 @@ PROGRAMS = ("munged", "munge", "slurmctld", "slurmd", "srun", "sbatch", "sinfo",
 PACKAGES = "slurmctld slurmd slurm-client munge"
 
 
+#: Where to look for :data:`PROGRAMS` instead of PATH and the sbin dirs: a test hides Slurm with it.
+SEARCH_PATH_ENV = "SLURM_TEST_SEARCH_PATH"
+
+
 def missing_programs() -> list:
-    """The programs of :data:`PROGRAMS` that are not on PATH (sbin included)."""
-    path = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
+    """The programs of :data:`PROGRAMS` that are not on PATH (sbin included), or not on ``$SLURM_TEST_SEARCH_PATH``."""
+    path = os.environ.get(SEARCH_PATH_ENV) or os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
     return [p for p in PROGRAMS if not shutil.which(p, path=path)]
 
 
@@ -57,8 +61,12 @@ def unavailable_reason() -> Optional[str]:
 
 
 def required() -> bool:
-    """True where a missing Slurm is a failure, not a skip: on CI, or as root where apt-get could install it."""
-    return bool(os.environ.get("CI")) or (os.geteuid() == 0 and shutil.which("apt-get") is not None)
+    """True where a missing Slurm is a failure, not a skip: on CI (``CI`` set), which installs it first.
+
+    Anywhere else (a fresh container as root, a laptop) the README's test
+    command must pass without Slurm, so the Slurm tests skip there, saying why.
+    """
+    return bool(os.environ.get("CI"))
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ fourth, so Slurm hands out real multi-node host lists and uneven tasks per
 node. Jobs are started the way users start them, ``srun ... tfcluster start
 --slurm --slurm-ps 1 -- python train.py`` and ``sbatch examples/slurm/...``.
 
-On CI, or as root where apt-get could install it (scripts/ci-slurm-setup.sh),
-a missing Slurm fails these tests; elsewhere they skip, saying why.
+On CI (``CI`` set; .ci/run installs Slurm first with scripts/ci-slurm-setup.sh)
+a missing Slurm fails these tests; elsewhere they skip, saying why
+(tests/test_slurm_missing.py checks both).
 """
 
 import os
