@@ -1,70 +1,62 @@
-"""The code's shape, as the README's Layout section promises it: rooms import downward, every unit is small.
+"""The code's shape, as the README's Layout section promises it: folders show the pipeline, rooms import
+downward, every unit is small.
 
-Read from the source with ``ast``, nothing imported: every import between
-tfcluster's modules (at the top or inside a function) goes to a lower room of
-:data:`ROOMS`, so there is no import circle; no module is longer than 500
-lines, no class than 250, no function than 80; every public name has a
-docstring; TF's false-duplicate marker text lives in one module.
+Read from the source with ``ast``, nothing imported: the package's modules
+live in the folders of :data:`LAYERS` (nothing but ``__init__`` and
+``__main__`` at the top); every import between tfcluster's modules (at the
+top or inside a function) goes to a lower layer, or to a lower room of its own
+folder, so there is no import circle, and folders side by side in one layer
+(the front ends) do not import each other; no module is longer than 500 lines,
+no class than 250, no function than 80; every public name has a docstring, and
+each folder's ``__init__`` docstring names each of its modules; no module reads
+another's private names; TF's false-duplicate marker text lives in one module.
+The README's Layout drawing and table name the same folders, in the same order,
+so they cannot drift from the code.
 """
 
 import ast
 import os
+import re
 
 import pytest
 
-PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tfcluster")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(REPO, "tfcluster")
 
-#: tfcluster's modules, lowest room first; a module may import only from rooms before its own.
-ROOMS = [
-    ["core.version", "core.exits"],
-    ["core.errors"],
-    ["core.tferrors", "core.logs"],
-    ["core.duplicates"],
-    ["core.posix", "core.tfguard", "core.private"],
-    ["core"],
-    ["topology.ports", "topology.slurm", "topology.tfconfig"],
-    ["topology.cluster", "topology.taskenv", "topology.devices"],
-    ["topology"],
-    ["runtime.server", "runtime.checkpoints", "runtime.preemption"],
-    ["runtime"],
-    ["data.pipeline", "data.loaders"],
-    ["data"],
-    ["graph.model", "graph.placement", "graph.wire"],
-    ["graph"],
-    ["training.hooks"],
-    ["training.liveness"],
-    ["strategies.towers"],
-    ["strategies.base"],
-    ["strategies.local", "strategies.mirrored", "strategies.sync"],
-    ["strategies.parameter_server", "strategies.collective", "strategies.sync_replicas"],
-    ["strategies"],
-    ["training.chief"],
-    ["training.session"],
-    ["training.loop"],
-    ["training.evaluation", "training.train_metrics"],
-    ["training.train"],
-    ["training"],
-    ["estimator.spec", "estimator.run_config", "estimator.inputs"],
-    ["estimator.calls"],
-    ["estimator.training_graph", "estimator.inference", "estimator.export"],
-    ["estimator.estimator"],
-    ["estimator.keras", "estimator.training"],
-    ["estimator"],
-    ["keras"],
-    ["launch.config", "launch.output", "launch.processes"],
-    ["launch.isolation", "launch.plan"],
-    ["launch.supervisor"],
-    ["launch"],
-    ["tf1.contrib", "tf1.mnist", "tf1.mnist_model", "tf1.robust"],
-    ["tf1.overrides"],
-    ["tf1"],
-    ["tf1.__main__"],
-    ["cli.common"],
-    ["cli.start", "cli.local", "cli.spec", "cli.status"],
-    ["cli"],
-    ["__init__", "__main__"],
+#: tfcluster's layers, lowest first. Each layer holds one or more folders (side by side: they may not import
+#: each other); each folder is a list of rooms, lowest first. A module may import from any lower layer, and
+#: from the rooms of its own folder before its own.
+LAYERS = [
+    [("core", [["core.version", "core.exits"], ["core.errors"], ["core.tferrors", "core.logs"],
+               ["core.duplicates"], ["core.posix", "core.tfguard", "core.private"], ["core"]])],
+    [("topology", [["topology.ports", "topology.slurm", "topology.tfconfig"],
+                   ["topology.cluster", "topology.taskenv", "topology.devices"], ["topology"]])],
+    [("runtime", [["runtime.server", "runtime.checkpoints", "runtime.preemption"], ["runtime"]])],
+    [("data", [["data.pipeline", "data.loaders"], ["data"]])],
+    [("graph", [["graph.model", "graph.placement", "graph.wire", "graph.step"], ["graph"]])],
+    [("strategies", [["strategies.towers"], ["strategies.base"],
+                     ["strategies.local", "strategies.mirrored", "strategies.sync"],
+                     ["strategies.parameter_server", "strategies.collective", "strategies.sync_replicas"],
+                     ["strategies"]])],
+    [("training", [["training.hooks", "training.liveness"], ["training.chief"], ["training.session"],
+                   ["training.loop"], ["training.evaluation", "training.train_metrics"], ["training.train"],
+                   ["training"]])],
+    [("estimator", [["estimator.spec", "estimator.run_config", "estimator.inputs"], ["estimator.calls"],
+                    ["estimator.training_graph", "estimator.inference", "estimator.export"],
+                    ["estimator.estimator"], ["estimator.keras", "estimator.training"], ["estimator"]]),
+     ("keras", [["keras"]])],
+    [("launch", [["launch.config", "launch.output", "launch.processes"], ["launch.isolation", "launch.plan"],
+                 ["launch.supervisor"], ["launch"]])],
+    [("tf1", [["tf1.contrib", "tf1.mnist", "tf1.mnist_model", "tf1.robust"], ["tf1.overrides"], ["tf1"],
+              ["tf1.__main__"]])],
+    [("cli", [["cli.common"], ["cli.start", "cli.local", "cli.spec", "cli.status"], ["cli"]])],
+    [("", [["__init__", "__main__"]])],
 ]
-RANK = {name: i for i, room in enumerate(ROOMS) for name in room}
+#: module -> (layer, folder, room in its folder)
+PLACE = {name: (layer, folder, room)
+         for layer, folders in enumerate(LAYERS) for folder, rooms in folders
+         for room, names in enumerate(rooms) for name in names}
+FOLDERS = [folder for folders in LAYERS for folder, _ in folders if folder]
 
 MAX_MODULE_LINES, MAX_CLASS_LINES, MAX_FUNCTION_LINES = 500, 250, 80
 
@@ -126,12 +118,21 @@ def imports() -> list:
     return edges
 
 
-def test_every_module_has_a_room():
-    assert sorted(set(MODULES) - set(RANK)) == []
+def test_every_module_has_a_room_in_its_own_folder_and_only_the_entry_points_sit_at_the_top():
+    assert sorted(set(MODULES) - set(PLACE)) == []
+    assert sorted(set(PLACE) - set(MODULES)) == []
+    misplaced = [name for name, (_, folder, _) in PLACE.items()
+                 if name.split(".")[0] != folder and folder]
+    assert misplaced == []
 
 
-def test_every_import_goes_to_a_lower_room_so_there_is_no_import_circle():
-    upward = [f"{a} imports {b}" for a, b in imports() if RANK[b] >= RANK[a]]
+def _allowed(importer: str, imported: str) -> bool:
+    (la, fa, ra), (lb, fb, rb) = PLACE[importer], PLACE[imported]
+    return lb < la or (fa == fb and rb < ra)
+
+
+def test_every_import_goes_to_a_lower_layer_or_room_so_there_is_no_import_circle():
+    upward = [f"{a} imports {b}" for a, b in imports() if not _allowed(a, b)]
     assert upward == []
 
 
@@ -166,6 +167,96 @@ def test_every_module_and_public_name_has_a_docstring():
             missing.append(name)
         missing += [f"{name}.{what}" for what, node in _public(tree) if ast.get_docstring(node) is None]
     assert missing == []
+
+
+def test_each_folders_init_docstring_names_every_module_it_holds():
+    unnamed = []
+    for folder in FOLDERS:
+        doc = ast.get_docstring(ast.parse(MODULES[folder][1])) or ""
+        for name in MODULES:
+            if name.startswith(folder + ".") and not re.search(rf"\b{re.escape(name.split('.')[-1])}\b", doc):
+                unnamed.append(name)
+    assert unnamed == []
+
+
+def _private_names() -> set:
+    """Private functions, methods, classes and module variables defined in tfcluster."""
+    names = set()
+    for _, source in MODULES.values():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name.startswith("_") \
+                    and not node.name.startswith("__"):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name) and t.id.startswith("_")
+                             and not t.id.startswith("__"))
+    return names
+
+
+#: Private names of Python's own API that tfcluster's objects carry too (namedtuple's).
+NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make"}
+
+
+def _foreign_names(tree) -> set:
+    """Names a module binds to other packages' modules and classes (TF's private API, patched on purpose)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if not a.name.startswith("tfcluster"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and not (node.module or "").startswith("tfcluster"):
+            names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def test_no_module_reads_another_modules_private_names():
+    private = _private_names() - NAMEDTUPLE_API
+    reads = []
+    for name, (_, source) in MODULES.items():
+        tree = ast.parse(source)
+        foreign = _foreign_names(tree) | {"self", "cls"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and _resolve(name, node):
+                reads += [f"{name} imports {a.name}" for a in node.names if a.name.startswith("_")
+                          and not a.name.startswith("__")]
+            elif isinstance(node, ast.Attribute) and node.attr in private:
+                root = node.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if not (isinstance(root, ast.Name) and root.id in foreign):
+                    reads.append(f"{name} line {node.lineno} reads {ast.unparse(node)}")
+    assert reads == []
+
+
+def _readme_layout() -> str:
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    return text[text.index("\n## Layout\n"):].split("\n## ", 2)[1]
+
+
+def test_the_readme_drawing_shows_every_folder_in_the_order_of_the_layers():
+    block = _readme_layout().split("```")[1]
+    drawn = [re.findall(r"(\w+)/", line.split("  ")[0]) for line in block.splitlines()
+             if re.match(r"^\s*\w+/", line)]
+    assert drawn == [[folder for folder, _ in layer] for layer in reversed(LAYERS) if layer[0][0]]
+
+
+def test_the_readme_drawing_names_each_module_of_a_folder_on_its_line():
+    lines = {tuple(re.findall(r"(\w+)/", line.split("  ")[0])): line
+             for line in _readme_layout().split("```")[1].splitlines() if re.match(r"^\s*\w+/", line)}
+    missing = []
+    for folders, line in lines.items():
+        if len(folders) > 1:
+            continue        # the front ends share a line that says what they are
+        for name in MODULES:
+            short = name.split(".")[-1]
+            if name.startswith(folders[0] + ".") and not re.search(rf"\b{short}\b", line.split("  ", 1)[1]):
+                missing.append(name)
+    assert missing == []
+
+
+def test_the_readme_table_gives_every_folder_one_row():
+    rows = re.findall(r"^\| `tfcluster/(\w+)/` \|", _readme_layout(), re.M)
+    assert sorted(rows) == sorted(FOLDERS)
+    assert len(rows) == len(set(rows))
 
 
 def test_the_false_duplicate_marker_lives_in_one_module():

@@ -11,7 +11,8 @@ import types
 import pytest
 
 from tfcluster.training import hooks
-from tfcluster.training.hooks import ProgressHook, StepValues
+from tfcluster.graph.step import StepValues
+from tfcluster.training.hooks import ProgressHook
 
 
 class Clock:

@@ -21,7 +21,8 @@ from tfcluster.graph.placement import SYNC_STATE_COLLECTION, placement_report  #
 from tfcluster.strategies import (InputContext, LocalStrategy, ModelFnError, ModelOutput,  # noqa: E402
                                   ParameterServerStrategy, ReplicaContext, StepRunner, Strategy, TrainGraph, get,
                                   names, register, replica_loss)
-from tfcluster.strategies.base import build_single_replica, global_step_after  # noqa: E402
+from tfcluster.graph.step import global_step_after  # noqa: E402
+from tfcluster.strategies.base import build_single_replica  # noqa: E402
 from tfcluster.runtime.checkpoints import DONE_MARKER, read_done_marker  # noqa: E402
 from tfcluster.training.evaluation import evaluate, predict  # noqa: E402
 from tfcluster.training.train import fit  # noqa: E402

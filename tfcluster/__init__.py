@@ -23,7 +23,7 @@ _LAZY = {
     "evaluate": "training.evaluation", "predict": "training.evaluation", "run_evaluator": "training.evaluation",
     "ModelOutput": "graph.model", "InputContext": "graph.model", "Mode": "graph.model",
     "ReplicaContext": "graph.model",
-    "Hook": "training.hooks", "RunArgs": "training.hooks",
+    "Hook": "graph.step", "RunArgs": "graph.step",
     "ParameterServerStrategy": "strategies", "LocalStrategy": "strategies", "SyncStallError": "core.errors",
     "ByteBalancedSetter": "graph.placement", "placement_report": "graph.placement",
     "PlacementReport": "graph.placement", "device_setter": "graph.placement",

@@ -11,6 +11,13 @@ exporters); the session-run hooks of TF 1.x's ``tf.estimator`` namespace; and
 tfcluster's session and loop (:mod:`.training_graph`). What is not covered
 (canned estimators, heads, TPU, distribution strategies in RunConfig) stops
 with one line naming what to use instead; docs/estimator.md lists both.
+
+- :mod:`.spec`: ``EstimatorSpec`` and ``ModeKeys``; :mod:`.run_config`: ``RunConfig`` and this task's role;
+- :mod:`.inputs`: ``numpy_input_fn``; :mod:`.calls`: calling ``input_fn`` and ``model_fn`` as TF 1.x did;
+- :mod:`.training_graph`: training a ``model_fn`` on tfcluster's session, placement and loop;
+- :mod:`.inference`: ``evaluate`` and ``predict``; :mod:`.export`: SavedModels, receivers, exporters;
+- :mod:`.estimator`: the ``Estimator`` class; :mod:`.training`: ``train_and_evaluate`` and its specs;
+- :mod:`.keras`: ``model_to_estimator``.
 """
 
 import tensorflow as tf

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from ..runtime.checkpoints import checkpoint_exists, restore_error
 from ..core.errors import TfclusterError
-from ..training.hooks import StepContext, StepValues
+from ..graph.step import StepContext, StepValues
 from ..training.loop import merge_requests
 from .calls import call_input_fn, call_model_fn
 from .spec import ModeKeys

@@ -2,5 +2,7 @@
 
 - :mod:`.model`: the model contract (``model_fn``, ``input_fn``) and the loss scaled to the global batch;
 - :mod:`.placement`: byte-balanced ps placement, partitioning, the placement report;
-- :mod:`.wire`: the 16-bit wire: weights and gradients cross in bfloat16, the ps keeps float32.
+- :mod:`.wire`: the 16-bit wire: weights and gradients cross in bfloat16, the ps keeps float32;
+- :mod:`.step`: the step contract: the TrainGraph a front end builds, the StepRunner the session runs,
+  and the Hook interface the loop calls around each step.
 """

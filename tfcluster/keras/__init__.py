@@ -39,7 +39,7 @@ DEFAULT_DIR = "tfcluster-keras"
 #: Seconds the chief waits for the other workers' fits before its final checkpoint.
 FINISH_TIMEOUT_SECS = 600.0
 #: Graphs whose model trains on the cluster through here (their local sessions only evaluate).
-_handled_graphs = set()  # noqa: read by tf1.robust
+_handled_graphs = set()
 _original_fit = None        # tf-keras's own Model.fit, kept when TF1 mode routes fit here
 
 
@@ -99,6 +99,11 @@ def fit(model, x=None, y=None, *, cluster=None, checkpoint_dir=None, sync=None, 
         return _plain_fit(model, x, y, **fit_kwargs)
     run = _ClusterFit(model, cluster, checkpoint_dir, sync, save_checkpoint_secs, startup_timeout)
     return run.fit(x, y, **fit_kwargs)
+
+
+def trains_on_cluster(graph) -> bool:
+    """True when a model of ``graph`` trains on the cluster through :func:`fit` (its local sessions only evaluate)."""
+    return id(graph) in _handled_graphs
 
 
 def _plain_fit(model, x, y, **kwargs):

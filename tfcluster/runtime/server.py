@@ -41,7 +41,7 @@ def start_server(cluster: Cluster, task: Optional[Task] = None, config=None):
     A busy port raises :class:`PortInUseError` naming the task, the port and,
     where psutil can tell, the process that holds it.
     """
-    t = task or cluster._require_task()
+    t = cluster.this_task(task)
     if t.job == "evaluator":
         raise SpecError("the evaluator runs outside the cluster and has no server")
     host, port = parse_address(cluster.address(t))
@@ -81,7 +81,7 @@ def task_server(cluster: Cluster, config=None):
     code that trains more than once in a process (Estimator.train called
     again, several Keras fits) must share the first one.
     """
-    key = (tuple(sorted((j, tuple(a)) for j, a in cluster.jobs.items())), cluster._require_task())
+    key = (tuple(sorted((j, tuple(a)) for j, a in cluster.jobs.items())), cluster.this_task())
     if key not in _HOSTED:
         _HOSTED[key] = start_server(cluster, config=config)
     return _HOSTED[key]
@@ -271,7 +271,7 @@ def serve_until_done(server, cluster: Cluster, task: Optional[Task] = None,
 def _serve(server, cluster: Cluster, task: Optional[Task], stop: threading.Event, exit_when_done: bool) -> str:
     import tensorflow as tf
     tf1 = tf.compat.v1
-    t = task or cluster._require_task()
+    t = cluster.this_task(task)
     if not exit_when_done:
         stop.wait()
         return "stopped"
@@ -310,7 +310,7 @@ def signal_done(cluster: Cluster, task: Optional[Task] = None, timeout: float = 
     It talks to each ps's own master, so it needs no server of its own and
     works from a finished script, a launcher, or another terminal.
     """
-    t = task or cluster._require_task()
+    t = cluster.this_task(task)
     ps_tasks = list(cluster.tasks(("ps",)) if ps_tasks is None else ps_tasks)
     states = probe(cluster, ps_tasks, timeout=min(2.0, timeout))
     if "up" not in states.values():

@@ -4,6 +4,15 @@
 name and its options; ``fit``, the CLI's ``--strategy`` and the examples all
 go through it. A new strategy is a file with a :class:`Strategy` subclass and
 one :func:`register` line below.
+
+- :mod:`.base`: the Strategy interface, and the one-replica build most strategies share;
+- :mod:`.towers`: several replicas (towers) inside one worker, for every strategy;
+- :mod:`.local`: one process, no cluster: the reference the others are tested against;
+- :mod:`.mirrored`: in-graph towers, mirrored or with variables on the CPU (central storage);
+- :mod:`.parameter_server`: between-graph replication over ps tasks, async or sync;
+- :mod:`.sync`: the synchronous step: one gradient per distinct worker, every wait bounded and named;
+- :mod:`.sync_replicas`: TF 1.x's ``SyncReplicasOptimizer`` API on that same step;
+- :mod:`.collective`: between-graph all-reduce with no ps (MultiWorkerMirroredStrategy).
 """
 
 import functools
@@ -11,9 +20,9 @@ import inspect
 import os
 
 from ..core.errors import CollectiveError, ModelFnError, SpecError, SyncStallError
-from ..training.hooks import Hook
+from ..graph.step import Hook, StepResult, StepRunner, TrainGraph
 from ..graph.model import InputContext, Mode, ModelOutput, ReplicaContext, replica_loss
-from .base import StepResult, StepRunner, Strategy, TrainGraph
+from .base import Strategy
 from .collective import CollectiveAllReduceStrategy
 from .local import LocalStrategy
 from .mirrored import CentralStorageStrategy, MirroredStrategy

@@ -12,100 +12,12 @@ inside each worker (``towers=``, :mod:`.towers`).
 
 import abc
 import contextlib
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-from ..core.duplicates import rerun
 from ..graph.model import (InputContext, Mode, ReplicaContext, call_model_fn, compute_gradients, make_optimizer,
                      metric_updates, replica_loss)
+from ..graph.step import TrainGraph
 from .towers import Towers
-
-
-@dataclass
-class StepResult:
-    """One step as the loop sees it: the global step after it, this replica's loss, what hooks asked for."""
-
-    global_step: int
-    loss: float = math.nan
-    results: Any = None
-    run_metadata: Any = None
-
-
-def run_with_request(run, fetches, request, options=None):
-    """``run(fetches + [request.fetches])`` with the request's feeds, and its options (else ``options``).
-
-    ``run`` is ``session.run`` or a wrapper of it. Returns ``(values of
-    fetches, the request's results, run metadata)``: hooks that asked for a
-    trace get its metadata, as from TF's MonitoredSession.
-    """
-    import tensorflow as tf
-    opts = request.options if request.options is not None else options
-    meta = tf.compat.v1.RunMetadata() if opts is not None else None
-    *values, results = run(list(fetches) + [request.fetches], feed_dict=request.feed_dict, options=opts,
-                           run_metadata=meta)
-    return values, results, meta
-
-
-class StepRunner:
-    """Runs one training step on a session; one ``session.run`` for the simple strategies.
-
-    ``attach`` is called after each session (re)creation and builds a
-    callable, so that a step nobody asked more of costs one C++ call with no
-    fetch parsing.
-    """
-
-    def __init__(self, train_fetch, loss):
-        self.train_fetch = train_fetch  # a tensor: the global step after this step's update
-        self.loss = loss
-        self._session = self._run = None
-        self.step_options = None        # RunOptions with the step timeout (a silent task), from attach
-        #: Called while a step waits long for other tasks (sync): a hook may raise to end the wait.
-        self.on_stall = []
-
-    def attach(self, session, step_timeout_secs=None):
-        """Bind to ``session``; a step (or any run of the runner's) lasting ``step_timeout_secs`` fails."""
-        import tensorflow as tf
-        self._session = session
-        self.step_options = tf.compat.v1.RunOptions(timeout_in_ms=int(step_timeout_secs * 1000)) \
-            if step_timeout_secs else None
-        self._run = session.make_callable([self.train_fetch, self.loss], accept_options=True)
-
-    def step(self, request=None) -> StepResult:
-        """Run one step, fetching what ``request`` (hooks' :class:`~tfcluster.training.hooks.RunArgs`) asks along."""
-        # A step that TF falsely rejects ran nowhere but, with several ps, perhaps in
-        # part on another ps: an async update is then applied partly twice, which
-        # async training absorbs like any stale gradient.
-        if request is None:
-            gs, loss = rerun(self._run, options=self.step_options)
-            return StepResult(int(gs), float(loss))
-        (gs, loss), results, meta = rerun(run_with_request, self._session.run, [self.train_fetch, self.loss],
-                                          request, self.step_options)
-        return StepResult(int(gs), float(loss), results, meta)
-
-
-@dataclass
-class TrainGraph:
-    """A built training graph, as a strategy hands it to the session and the loop.
-
-    - ``runner``: runs one step (see :class:`StepRunner`).
-    - ``global_step``, ``loss`` (this worker's mean per-example loss).
-    - ``local_init_ops``: run by every session after the model is ready
-      (worker-local state). ``chief_local_init_ops``: run by the chief's
-      sessions only, also after a restore (shared state kept out of checkpoints).
-    - ``state_variables``: shared variables that are not part of the model
-      (not checkpointed) but must be initialised before anyone trains.
-    - ``hooks``: :class:`~tfcluster.training.hooks.Hook` objects the strategy needs.
-    """
-
-    runner: StepRunner
-    global_step: Any
-    loss: Any
-    local_init_ops: list = field(default_factory=list)
-    chief_local_init_ops: list = field(default_factory=list)
-    state_variables: list = field(default_factory=list)
-    hooks: list = field(default_factory=list)
-    model: Any = None
 
 
 class Strategy(abc.ABC):
@@ -235,11 +147,3 @@ def build_single_replica(strategy: Strategy, model_fn, next_batch, optimizer, pe
     update_ops = list(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)) + metric_updates(out)
     grads = compute_gradients(opt, scaled)
     return global_step, opt, out, mean, grads, update_ops
-
-
-
-def global_step_after(ops, global_step):
-    """The global step read after ``ops`` ran: what a step runner fetches."""
-    import tensorflow as tf
-    with tf.control_dependencies(list(ops)):
-        return tf.identity(global_step.read_value())

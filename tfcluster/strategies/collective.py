@@ -49,10 +49,10 @@ import logging
 from typing import Optional
 
 from ..core.errors import CollectiveError, SpecError
-from ..training.hooks import Hook
+from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..core.tferrors import summary
 from ..graph.wire import WIRE_ENV, resolve_wire
-from .base import StepRunner, Strategy, TrainGraph, build_single_replica, global_step_after
+from .base import Strategy, build_single_replica
 
 log = logging.getLogger("tfcluster")
 

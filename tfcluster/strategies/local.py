@@ -1,6 +1,7 @@
 """One process, one replica, no cluster: the reference every other strategy must match."""
 
-from .base import StepRunner, Strategy, TrainGraph, build_single_replica, global_step_after
+from ..graph.step import StepRunner, TrainGraph, global_step_after
+from .base import Strategy, build_single_replica
 
 
 class LocalStrategy(Strategy):

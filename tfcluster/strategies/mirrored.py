@@ -13,7 +13,8 @@ The tower machinery itself, shared by every strategy, is :mod:`.towers`.
 """
 
 from ..core.errors import SpecError
-from .base import StepRunner, Strategy, TrainGraph, global_step_after
+from ..graph.step import StepRunner, TrainGraph, global_step_after
+from .base import Strategy
 from .towers import Towers
 
 

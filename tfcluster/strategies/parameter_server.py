@@ -30,7 +30,8 @@ from ..core.errors import SpecError
 from ..graph.placement import (MAX_SHARD_BYTES, ByteBalancedSetter, check_max_shard_bytes, partition_big_variables,
                          partitioning_getter)
 from ..graph.wire import Wire, resolve_wire
-from .base import StepRunner, Strategy, TrainGraph, build_single_replica, global_step_after
+from ..graph.step import StepRunner, TrainGraph, global_step_after
+from .base import Strategy, build_single_replica
 from .sync import SyncBuilder
 
 MODES = ("async", "sync")

@@ -26,7 +26,7 @@ import time
 from ..core.duplicates import ATTEMPTS, is_false_duplicate, rerun, warn_rerun
 from ..core.errors import SyncStallError
 from ..graph.placement import SYNC_STATE_COLLECTION
-from .base import StepResult, StepRunner, TrainGraph, run_with_request
+from ..graph.step import StepResult, StepRunner, TrainGraph, run_with_request
 
 log = logging.getLogger("tfcluster")
 

@@ -240,7 +240,7 @@ def _warn_if_private(graph, cluster, warned):
     import tensorflow as tf
     g = graph or tf.compat.v1.get_default_graph()
     from .. import keras
-    if id(g) in keras._handled_graphs:
+    if keras.trains_on_cluster(g):
         return      # a tf.keras model whose fit trains on the cluster: this session only uses it
     trainable = g.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
     # A training graph has a global step; a model built only to evaluate or to copy weights has none.

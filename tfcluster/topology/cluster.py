@@ -310,7 +310,7 @@ class Cluster:
 
     def role(self, task: Optional[Task] = None) -> Optional[str]:
         """``chief``, ``worker``, ``ps``, ``evaluator``, or None for a job with no role (``local``)."""
-        return ROLES.get((task or self._require_task()).job)
+        return ROLES.get(self.this_task(task).job)
 
     @property
     def chief_task(self) -> Optional[Task]:
@@ -321,16 +321,19 @@ class Cluster:
     @property
     def is_chief(self) -> bool:
         """True for the task that initialises and checkpoints (chief or master, else worker 0)."""
-        return self._require_task() == self.chief_task
+        return self.this_task() == self.chief_task
 
     def needed_tasks(self, task: Optional[Task] = None):
         """The tasks that ``task`` must reach to run a session: ps tasks for trainers."""
-        t = task or self._require_task()
+        t = self.this_task(task)
         if t.job in TRAINER_JOBS:
             return self.tasks(("ps",))
         return []
 
-    def _require_task(self) -> Task:
+    def this_task(self, task: Optional[Task] = None) -> Task:
+        """``task`` when given, else this process's task; one line when the cluster names none."""
+        if task is not None:
+            return task
         if self.task is None:
             raise SpecError("no task given: name this process's job and task (--job/--task or TF_CONFIG)")
         return self.task
@@ -347,7 +350,7 @@ class Cluster:
 
     def tf_config(self, task: Optional[Task] = None) -> str:
         """Render TF_CONFIG JSON for a task (this process's task by default)."""
-        t = self._check_task(task) if task is not None else self._require_task()
+        t = self._check_task(task) if task is not None else self.this_task()
         return json.dumps({"cluster": self.as_dict(), "task": {"type": t.job, "index": t.index}},
                           separators=(",", ":"))
 
@@ -359,7 +362,7 @@ class Cluster:
         """The TF1 flags ``--job_name --task_index [--ps_hosts --worker_hosts]``."""
         if style not in ("all", "job-task", "none"):
             raise SpecError(f"legacy flags: unknown style {style!r}; use all, job-task or none")
-        t = self._check_task(task) if task is not None else self._require_task()
+        t = self._check_task(task) if task is not None else self.this_task()
         if style == "none":
             return []
         flags = [f"--job_name={t.job}", f"--task_index={t.index}"]
@@ -374,7 +377,7 @@ class Cluster:
         Without filters every session contacts every task, so one missing or
         slow worker blocks all the others (tensorflow/tensorflow#21629).
         """
-        t = task or self._require_task()
+        t = self.this_task(task)
         if t.job in TRAINER_JOBS:
             return (["/job:ps"] if "ps" in self.jobs else []) + [t.device]
         if t.job == "ps":
@@ -384,7 +387,7 @@ class Cluster:
     def session_config(self, task: Optional[Task] = None, **overrides):
         """A ``ConfigProto`` for a task: device filters and soft placement on."""
         import tensorflow as tf
-        t = task or self._require_task()
+        t = self.this_task(task)
         config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_filters=self.device_filters(t))
         for k, v in overrides.items():
             setattr(config, k, v)

@@ -1,31 +1,10 @@
-"""The training loop's extension point: hooks, and the loop features built as hooks.
+"""The loop's own features, built as hooks: checkpoints, summaries, progress lines, the step timeline.
 
-A :class:`Hook` has the five callbacks of TensorFlow's
-``tf.compat.v1.train.SessionRunHook`` (monitored_session.py's extension
-point), with the same arguments, so a TF hook (``StopAtStepHook``,
-``LoggingTensorHook``, a SyncReplicasOptimizer's hook, a user's own) runs in
-tfcluster's loop unchanged, and a tfcluster hook is written the way TF users
-know:
-
-- ``begin()``: once, before the graph is finalized; may add ops;
-- ``after_create_session(session, coord)``: after each session (re)creation,
-  before the first step on it; ``coord`` is that session's
-  ``tf.train.Coordinator`` (for queue-runner threads);
-- ``before_run(run_context)``: before each step; return :class:`RunArgs` to
-  have more fetched with the step, or None;
-- ``after_run(run_context, run_values)``: after each step;
-  ``run_values.results`` holds what ``before_run`` asked for;
-- ``end(session)``: once, when training ends normally.
-
-``run_context`` is a :class:`StepContext`: the session, ``request_stop()``,
-and, beyond TF's, the global step, the target step and ``call(fn)``, which
-runs ``fn(session)`` with the training session's recovery. Sessions, steps
-and recovery stay tfcluster's (``session.py``): a hook cannot bring back TF's
-unbounded waits. The loop features are hooks here: checkpoints, summaries,
-progress lines and the step timeline.
+Each is a :class:`~tfcluster.graph.step.Hook` (the interface, in
+:mod:`tfcluster.graph.step`), so ``fit``, the Estimator and Keras add the same
+ones to their loop, beside the user's and the strategy's.
 """
 
-import collections
 import logging
 import math
 import os
@@ -35,66 +14,9 @@ from typing import Optional
 from ..runtime.checkpoints import CHECKPOINT_NAME, remove_partial, write_done_marker
 from ..core.errors import CheckpointSaveError
 from ..core.tferrors import summary
+from ..graph.step import Hook, RunArgs
 
 log = logging.getLogger("tfcluster")
-
-#: What ``before_run`` returns: fetches to run along with the step (TF's SessionRunArgs has the same fields).
-RunArgs = collections.namedtuple("RunArgs", ["fetches", "feed_dict", "options"])
-RunArgs.__new__.__defaults__ = (None, None)
-
-#: What ``after_run`` gets: TF's SessionRunValues fields, plus the step's global step and loss.
-StepValues = collections.namedtuple("StepValues", ["results", "options", "run_metadata", "global_step", "loss"])
-
-
-class Hook:
-    """A loop extension with ``SessionRunHook``'s callbacks (see the module doc); every one is optional."""
-
-    def begin(self):
-        """Called once before the graph is finalized; may add ops."""
-
-    def after_create_session(self, session, coord):
-        """Called after each session (re)creation, before the first step on it."""
-
-    def before_run(self, run_context) -> Optional[RunArgs]:
-        """Called before each step; return RunArgs to fetch more with the step."""
-        return None
-
-    def after_run(self, run_context, run_values):
-        """Called after each step with what ``before_run`` asked for."""
-
-    def end(self, session):
-        """Called once when training ends normally."""
-
-
-class StepContext:
-    """What hooks see of the loop: the session, the steps, a stop request, and recovering calls."""
-
-    def __init__(self, training_session, last_step: int, original_args=None):
-        self._training = training_session
-        self.last_step = last_step
-        self.original_args = original_args
-        self.global_step = 0        # after the last step (or at the start)
-        self.local_steps = 0        # steps this process ran
-        self._stop = False
-
-    @property
-    def session(self):
-        """The current ``tf.compat.v1.Session`` (a new one after each recovery)."""
-        return self._training.session
-
-    def call(self, fn):
-        """``fn(session)``, recovering the session the way a step does."""
-        return self._training.call(fn)
-
-    def request_stop(self):
-        """End the loop after this step."""
-        self._stop = True
-
-    @property
-    def stop_requested(self) -> bool:
-        """True once a hook asked the loop to stop."""
-        return self._stop
-
 
 def _op_error():
     """TensorFlow's OpError (a full disk is ResourceExhaustedError, a lost file NotFoundError...)."""

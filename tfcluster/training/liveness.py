@@ -16,7 +16,7 @@ import threading
 import time
 
 from ..core.errors import ChiefLostError
-from .hooks import Hook
+from ..graph.step import Hook
 
 log = logging.getLogger("tfcluster")
 

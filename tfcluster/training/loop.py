@@ -17,7 +17,8 @@ import os
 import time
 from typing import Optional
 
-from .hooks import CheckpointHook, RunArgs, StepContext, StepValues
+from ..graph.step import RunArgs, StepContext, StepValues
+from .hooks import CheckpointHook
 from ..runtime.preemption import Preempted, SigtermWatch, StepInterrupted
 
 log = logging.getLogger("tfcluster")

@@ -18,7 +18,8 @@ import math
 import time
 
 from ..core.errors import SpecError
-from .hooks import Hook, RunArgs, scalar_summary
+from ..graph.step import Hook, RunArgs
+from .hooks import scalar_summary
 from ..graph.model import InputContext, make_dataset
 
 log = logging.getLogger("tfcluster")
