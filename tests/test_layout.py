@@ -27,7 +27,7 @@ PACKAGE = os.path.join(REPO, "tfcluster")
 #: each other); each folder is a list of rooms, lowest first. A module may import from any lower layer, and
 #: from the rooms of its own folder before its own.
 LAYERS = [
-    [("core", [["core.version", "core.exits"], ["core.errors"], ["core.tferrors", "core.logs"],
+    [("core", [["core.version", "core.exits", "core.environment"], ["core.errors"], ["core.tferrors", "core.logs", "core.checks"],
                ["core.duplicates"], ["core.posix", "core.tfguard", "core.private"], ["core"]])],
     [("topology", [["topology.ports", "topology.slurm", "topology.tfconfig"],
                    ["topology.cluster", "topology.taskenv", "topology.devices"], ["topology"]])],
@@ -257,6 +257,23 @@ def test_the_readme_table_gives_every_folder_one_row():
     rows = re.findall(r"^\| `tfcluster/(\w+)/` \|", _readme_layout(), re.M)
     assert sorted(rows) == sorted(FOLDERS)
     assert len(rows) == len(set(rows))
+
+
+def _code_strings(tree):
+    """Every string constant of a module's code, its docstrings left out."""
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+            docs.add(id(node.body[0].value))
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]
+
+
+def test_every_tfcluster_environment_variable_is_named_in_one_table():
+    spelled = [name for name, (_, source) in MODULES.items() if name != "core.environment"
+               and any("TFCLUSTER_" in text for text in _code_strings(ast.parse(source)))]
+    assert spelled == []
 
 
 def test_the_false_duplicate_marker_lives_in_one_module():

@@ -14,13 +14,12 @@ import os
 import re
 import sys
 
+from ..core import environment
 from ..topology.cluster import TASK_TYPES, Cluster
 from ..core.errors import TfclusterError
 
 log = logging.getLogger("tfcluster")
 
-#: ``TFCLUSTER_<OPTION>`` sets ``--option`` of the commands that read the environment.
-ENV_PREFIX = "TFCLUSTER_"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
@@ -240,7 +239,7 @@ def environment_defaults(parser, environ=None) -> dict:
         longs = [o for o in action.option_strings if o.startswith("--")]
         if not longs or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             continue
-        name = ENV_PREFIX + longs[0][2:].replace("-", "_").upper()
+        name = environment.option_variable(longs[0])
         if name in env:
             defaults[action.dest] = _env_value(action, name, env[name])
     return defaults

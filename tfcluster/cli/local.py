@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from ..core import environment
 from ..topology.cluster import Cluster
 from ..core.errors import TfclusterError
 from ..core.logs import use_prefixed_logging
@@ -39,9 +40,9 @@ the launcher has, else nvidia-smi -L) split evenly; a ps gets none. Thread pools
 cores: each ps gets 1, the trainers split the rest; --threads-per-task N gives
 every task N, 0 leaves TensorFlow's defaults. One line says who got what.
 
-Every option can also come from an environment variable TFCLUSTER_<OPTION>, for
-wrapper scripts under Slurm or Kubernetes: TFCLUSTER_WORKERS=2,
-TFCLUSTER_MAX_RESTARTS=1, TFCLUSTER_NO_ISOLATE=1 (switches take 1 or 0). The
+Every option can also come from an environment variable {prefix}<OPTION>, for
+wrapper scripts under Slurm or Kubernetes: {workers}=2,
+{max_restarts}=1, {no_isolate}=1 (switches take 1 or 0). The
 command line wins.
 
 Isolation: TensorFlow's servers listen on every interface with no authentication.
@@ -52,7 +53,10 @@ and its tasks cannot reach the network either. One line says which it is;
 another shell, needs that). A non-loopback --host or cluster turns it off too, as
 does a system that refuses network namespaces; --require-isolation makes either a
 one-line error before any task starts.
-The launcher's verdict on a failed run goes to stderr; everything else to stdout."""
+The launcher's verdict on a failed run goes to stderr; everything else to stdout.""".format(
+    prefix=environment.OPTION_PREFIX, workers=environment.option_variable("--workers"),
+    max_restarts=environment.option_variable("--max-restarts"),
+    no_isolate=environment.option_variable("--no-isolate"))
 
 EPILOG = """\
 exit codes:

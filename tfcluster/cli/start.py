@@ -9,7 +9,7 @@ import sys
 import tempfile
 import threading
 
-from ..core import posix
+from ..core import environment, posix
 from ..topology.cluster import Cluster, is_loopback, parse_address
 from ..core.errors import ClusterUnreachableError, TfclusterError
 from ..core.exits import exit_status
@@ -210,10 +210,9 @@ def _done_record(cluster: Cluster, env: dict):
     library in the command notes each ps it told that this task is done; else None."""
     if cluster.role() not in ("worker", "chief") or not cluster.num_tasks("ps"):
         return None
-    from ..runtime.server import DONE_RECORD_ENV
     fd, path = tempfile.mkstemp(prefix="tfcluster-done-")
     os.close(fd)
-    env[DONE_RECORD_ENV] = path
+    env[environment.DONE_RECORD.name] = path
     return path
 
 

@@ -2,7 +2,9 @@
 
 - :mod:`.version`: tfcluster's one version string;
 - :mod:`.exits`: what exit codes mean, and a child's end as an exit status;
+- :mod:`.environment`: every ``TFCLUSTER_*`` environment variable, in one table;
 - :mod:`.errors`: every user-facing error, one family, naming its parameters;
+- :mod:`.checks`: the checks of a count or a duration, worded the same everywhere;
 - :mod:`.tferrors`: one line of a TensorFlow error, and which errors a lost task causes;
 - :mod:`.logs`: how tfcluster's log lines look in the CLI, the launcher and TF1 mode;
 - :mod:`.duplicates`: TF 2.21's false duplicate-request aborts and the one rerun of them;

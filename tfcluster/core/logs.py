@@ -16,9 +16,11 @@ import logging
 import os
 import sys
 
+from . import environment
+
 log = logging.getLogger("tfcluster")
 
-DEBUG_ENV = "TFCLUSTER_DEBUG"
+DEBUG_ENV = environment.DEBUG.name
 
 
 class _LevelPrefix(logging.Filter):

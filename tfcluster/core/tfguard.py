@@ -24,6 +24,7 @@ import os
 import re
 from typing import Mapping, Optional
 
+from . import environment
 from .errors import TfclusterError
 
 log = logging.getLogger("tfcluster")
@@ -35,7 +36,7 @@ SUPPORTED_SERIES = "2.21"
 BUILDS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu", "intel-tensorflow")
 INSTALL_HINT = "pip install 'tfcluster[tensorflow]' (or 'tfcluster[tensorflow-cpu]')"
 #: Set once the warnings were shown, so that the processes a command starts do not repeat them.
-CHECKED_ENV = "TFCLUSTER_TF_CHECKED"
+CHECKED_ENV = environment.TF_CHECKED.name
 
 
 class TensorFlowMissingError(TfclusterError, ImportError):

@@ -13,6 +13,7 @@ import tempfile
 
 import tensorflow as tf
 
+from ..core.checks import whole_number
 from ..core.errors import SpecError
 from . import export as export_lib
 from . import inference
@@ -72,9 +73,8 @@ class Estimator:
         """Train until ``steps`` more steps, global step ``max_steps``, a hook's stop, or the input's end."""
         if steps is not None and max_steps is not None:
             raise SpecError("give train() steps or max_steps, not both")
-        for what, value in (("steps", steps), ("max_steps", max_steps)):
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise SpecError(f"{what} must be a positive whole number, got {value!r}")
+        whole_number("steps", steps, minimum=1, optional=True)
+        whole_number("max_steps", max_steps, minimum=1, optional=True)
         if max_steps is not None and steps_left(self, max_steps) <= 0:
             log.info("skipping training: the latest checkpoint already reaches max_steps %d", max_steps)
             return self

@@ -41,6 +41,7 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 import logging
 import os
 
+from ..core import environment
 from ..core.errors import SpecError
 
 log = logging.getLogger("tfcluster")
@@ -49,7 +50,7 @@ log = logging.getLogger("tfcluster")
 WIRES = ("float32", "bfloat16", "float16")
 
 #: Environment variable giving ``wire`` when the strategy names none (``tfcluster local --wire``).
-WIRE_ENV = "TFCLUSTER_WIRE"
+WIRE_ENV = environment.WIRE.name
 
 #: The gradient of every op between a variable and its wire copy: the incoming gradient, unchanged.
 _PASS = "TfclusterWirePass"

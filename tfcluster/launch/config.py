@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Mapping, Optional, Tuple
 
 from ..topology.cluster import Cluster, is_loopback, parse_address
+from ..core.checks import seconds, whole_number
 from ..core.errors import SpecError
 
 LEGACY_FLAG_STYLES = ("all", "job-task", "none")
@@ -102,21 +103,13 @@ class LaunchConfig:
 
     def _check_numbers(self):
         for name in ("ps", "workers", "max_restarts", "gpus_per_worker", "threads_per_task"):
-            n = getattr(self, name)
-            if n is None and name in ("gpus_per_worker", "threads_per_task"):
-                continue
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise SpecError(f"{{{name}}} must be a whole number >= 0, got {n!r}", params=[name])
+            whole_number(name, getattr(self, name), optional=name in ("gpus_per_worker", "threads_per_task"))
         if self.workers == 0 and not self.chief:
             raise SpecError("{workers} 0 leaves nobody to train; give {workers} 1 or more (or {chief})",
                             params=["workers", "chief"])
-        if self.timeout is not None and not self.timeout > 0:
-            raise SpecError(f"{{timeout}} must be a positive number of seconds, got {self.timeout:g}",
-                            params=["timeout"])
+        seconds("timeout", self.timeout, optional=True)
         for name in ("evaluator_grace", "join_grace", "stop_grace"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise SpecError(f"{{{name}}} must be >= 0 seconds, got {value:g}", params=[name])
+            seconds(name, getattr(self, name), positive=False, optional=True)
 
     @property
     def total_tasks(self) -> int:

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Optional
 
+from ..core import environment
 from ..core import posix
 from ..topology.cluster import Task
 from ..core.errors import TfclusterError
@@ -84,7 +85,7 @@ class TaskProcess:
 
     def start(self, writer):
         """Start (or restart) the task's process; its lines go to ``writer`` (a LineWriter) and the log."""
-        env = dict(self.env, TFCLUSTER_RESTART_COUNT=str(self.restarts))
+        env = dict(self.env, **{environment.RESTART_COUNT.name: str(self.restarts)})
         try:
             # The death signal follows the thread that forks: start() always runs
             # on the launcher's supervising thread, which outlives every task.

@@ -16,6 +16,7 @@ import time
 from typing import Optional
 
 from ..topology.cluster import Cluster, Task, parse_address
+from ..core import environment
 from ..core.errors import ClusterUnreachableError, PortInUseError, SpecError
 from ..topology.ports import port_holder, port_is_free
 from ..topology.taskenv import import_tensorflow, native_logs_quiet, native_stderr_silenced
@@ -301,7 +302,7 @@ def _serve(server, cluster: Cluster, task: Optional[Task], stop: threading.Event
 
 
 #: Set by ``tfcluster start`` for its command: a file where :func:`signal_done` notes each ps it told.
-DONE_RECORD_ENV = "TFCLUSTER_DONE_RECORD"
+DONE_RECORD_ENV = environment.DONE_RECORD.name
 
 
 def signal_done(cluster: Cluster, task: Optional[Task] = None, timeout: float = 10.0, ps_tasks=None) -> int:

@@ -19,6 +19,7 @@ import functools
 import inspect
 import os
 
+from ..core import environment
 from ..core.errors import CollectiveError, ModelFnError, SpecError, SyncStallError
 from ..graph.step import Hook, StepResult, StepRunner, TrainGraph
 from ..graph.model import InputContext, Mode, ModelOutput, ReplicaContext, replica_loss
@@ -36,7 +37,7 @@ __all__ = ["Strategy", "LocalStrategy", "ParameterServerStrategy", "MirroredStra
            "Mode", "ModelOutput", "ModelFnError", "InputContext", "ReplicaContext", "replica_loss"]
 
 #: Environment variable naming the strategy ``fit`` uses when its caller names none (``--strategy``).
-STRATEGY_ENV = "TFCLUSTER_STRATEGY"
+STRATEGY_ENV = environment.STRATEGY.name
 
 _REGISTRY = {}      # name -> factory(**options) -> Strategy
 _ALIASES = {}       # alias -> name

@@ -26,6 +26,7 @@ the ps keeps and updates float32 (:mod:`tfcluster.graph.wire`).
 import contextlib
 from typing import Optional
 
+from ..core.checks import seconds, whole_number
 from ..core.errors import SpecError
 from ..graph.placement import (MAX_SHARD_BYTES, ByteBalancedSetter, check_max_shard_bytes, partition_big_variables,
                          partitioning_getter)
@@ -66,11 +67,9 @@ class ParameterServerStrategy(Strategy):
         if replicas_to_aggregate is not None and backups is not None:
             raise SpecError("give replicas_to_aggregate or backups, not both (backups = workers - "
                             "replicas_to_aggregate)")
-        if backups is not None and (isinstance(backups, bool) or not isinstance(backups, int) or backups < 0):
-            raise SpecError(f"backups must be a whole number >= 0, got {backups!r}")
-        self.backups = backups
-        if stall_warn_secs <= 0:
-            raise SpecError(f"stall_warn_secs must be > 0, got {stall_warn_secs}")
+        self.backups = whole_number("backups", backups, optional=True)
+        seconds("stall_warn_secs", stall_warn_secs)
+        seconds("stall_timeout_secs", stall_timeout_secs, optional=True)
         self.mode = mode
         self._replicas_to_aggregate = replicas_to_aggregate
         check_max_shard_bytes(max_shard_bytes)

@@ -28,6 +28,7 @@ import os
 import sys
 import types
 
+from ..core import environment
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import TF1RemovedError
 from ..topology.taskenv import legacy_keras_available, prepare_this_process
@@ -38,10 +39,10 @@ __all__ = ["install", "installed", "legacy_keras_available", "tf1_command", "TF1
 log = logging.getLogger("tfcluster")
 
 #: Environment variable: seconds between "is the model ready?" polls in TF1 mode (TF's default is 30).
-READY_POLL_ENV = "TFCLUSTER_TF1_READY_POLL_SECS"
+READY_POLL_ENV = environment.TF1_READY_POLL_SECS.name
 DEFAULT_READY_POLL_SECS = 1.0
 #: Environment variable: seconds a closing MonitoredSession waits for its threads (TF's default is 120).
-STOP_GRACE_ENV = "TFCLUSTER_TF1_STOP_GRACE_SECS"
+STOP_GRACE_ENV = environment.TF1_STOP_GRACE_SECS.name
 DEFAULT_STOP_GRACE_SECS = 5.0
 #: ``python -m tfcluster.tf1 --session-fixes-only script.py``: ``import tensorflow`` stays TensorFlow 2.
 SESSION_FIXES_ONLY = "--session-fixes-only"

@@ -14,6 +14,8 @@
 import os
 import types
 
+from ..core import environment
+
 #: Seconds between two lines of a tf-keras progress bar under the launcher (tf-keras: 0.05 s).
 PROGRESS_INTERVAL_SECS = 1.0
 
@@ -62,7 +64,7 @@ def keras(v1):
     from ..estimator.keras import model_to_estimator
     from ..keras import route_fit_through_cluster
     route_fit_through_cluster()
-    if os.environ.get("TFCLUSTER_RESTART_COUNT") is not None:   # a task of tfcluster local
+    if environment.RESTART_COUNT.get() is not None:   # a task of tfcluster local
         _progress_every_second()
     estimator = _Proxy(real.estimator, model_to_estimator=model_to_estimator) if hasattr(real, "estimator") \
         else types.SimpleNamespace(model_to_estimator=model_to_estimator)

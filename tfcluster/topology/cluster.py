@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional
 
+from ..core.checks import whole_number
 from ..core.errors import SpecError
 from .tfconfig import read_layout
 
@@ -252,9 +253,8 @@ class Cluster:
     def local(cls, ps: int = 0, workers: int = 1, chief: bool = False, host: str = "localhost",
               ports=None, base_port: Optional[int] = None) -> "Cluster":
         """A cluster on one host: explicit ports, consecutive from base_port, or free ones."""
-        for name, n in (("ps", ps), ("workers", workers)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise SpecError(f"{{{name}}} must be a whole number >= 0, got {n!r}", params=[name])
+        whole_number("ps", ps)
+        whole_number("workers", workers)
         if workers == 0 and not chief:
             raise SpecError("{workers} 0 leaves nobody to train; give {workers} 1 or more (or {chief})",
                             params=["workers", "chief"])

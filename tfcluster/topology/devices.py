@@ -36,6 +36,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable, Mapping, MutableMapping, Optional, Sequence, Tuple
 
+from ..core.checks import whole_number
 from ..core.errors import SpecError
 
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
@@ -123,11 +124,6 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _check_count(name: str, n):
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-        raise SpecError(f"{{{name}}} must be a whole number >= 0, got {n!r}", params=[name])
-
-
 def _split_gpus(n_trainers: int, gpus: Sequence[str], per: Optional[int], source: str):
     """``([trainer's Resources-kwargs], the evaluator's GPUs)``."""
     if per is None and not gpus:
@@ -146,8 +142,8 @@ def _split_gpus(n_trainers: int, gpus: Sequence[str], per: Optional[int], source
 def assign_local(tasks, gpus: Sequence[str], cores: int, gpus_per_worker: Optional[int] = None,
                  threads_per_task: Optional[int] = None, source: str = "the GPU list") -> dict:
     """``{task: Resources}`` for the tasks of a local cluster (rules in the module doc)."""
-    _check_count("gpus_per_worker", gpus_per_worker)
-    _check_count("threads_per_task", threads_per_task)
+    whole_number("gpus_per_worker", gpus_per_worker, optional=True)
+    whole_number("threads_per_task", threads_per_task, optional=True)
     trainers = [t for t in tasks if t.job not in SERVING]
     helpers = [t for t in tasks if t.job in SERVING]
     shares, evaluator_gpus = _split_gpus(len(trainers), list(gpus), gpus_per_worker, source)

@@ -30,6 +30,7 @@ from typing import Callable, Optional
 from .. import strategies
 from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..topology.cluster import Cluster
+from ..core.checks import seconds, whole_number
 from ..core.errors import ChiefLostError, SpecError
 from .evaluation import local_config, run_evaluator
 from .hooks import CheckpointHook, ProgressHook, SummaryHook, TimelineHook
@@ -96,16 +97,11 @@ class FitConfig:
 
     def __post_init__(self):
         for name in ("save_checkpoint_steps", "summary_steps", "keep_checkpoints", "max_recoveries"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise SpecError(f"{name} must be a whole number >= 0, got {value!r}")
+            whole_number(name, getattr(self, name), optional=True)
         for name in ("save_checkpoint_secs", "evaluator_timeout_secs", "startup_timeout", "step_timeout_secs",
                      "chief_timeout_secs"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
-        if not self.log_every_secs >= 0:  # 0: a line after every step
-            raise SpecError(f"log_every_secs must be >= 0 seconds, got {self.log_every_secs!r}")
+            seconds(name, getattr(self, name), optional=True)
+        seconds("log_every_secs", self.log_every_secs, positive=False)  # 0: a line after every step
 
     def replace(self, **options) -> "FitConfig":
         """This config with ``options`` changed; an unknown name is refused, naming every known one."""
@@ -166,9 +162,8 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: Optional[in
     config = (config or FitConfig()).replace(**options)
     if (steps is None) == (epochs is None):
         raise SpecError("give fit() steps or epochs, one of them")
-    for what, value in (("steps", steps), ("epochs", epochs)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise SpecError(f"{what} must be a whole number >= 0, got {value!r}")
+    whole_number("steps", steps, optional=True)
+    whole_number("epochs", epochs, optional=True)
     if epochs is not None and not batch_size:
         raise SpecError("epochs needs batch_size (the examples of a step come from it)")
     cluster = resolve_cluster(cluster)

@@ -1,0 +1,66 @@
+"""Every ``TFCLUSTER_*`` environment variable, in one table: its name, who sets it, what it does.
+
+Two kinds, as torchrun keeps its ``PET_*`` variables beside its flags:
+
+- **options**: ``TFCLUSTER_<OPTION>`` sets ``--option`` of a command that
+  reads the environment (:data:`OPTION_PREFIX`; ``tfcluster local``), for
+  wrapper scripts under Slurm or Kubernetes. Two of them are also handed on
+  to every task's command, which reads them as its default: ``--strategy``
+  (:data:`STRATEGY`) and ``--wire`` (:data:`WIRE`).
+- **the rest**: set by tfcluster for the processes it starts, or by you to
+  change one behaviour; each is a :class:`Variable` below.
+
+Code reads and sets them through these constants only (``tests/test_layout.py``
+checks that no other module spells a ``TFCLUSTER_`` name).
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+#: ``TFCLUSTER_<OPTION>`` sets ``--option`` of the commands that read the environment.
+OPTION_PREFIX = "TFCLUSTER_"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One ``TFCLUSTER_*`` variable: its name, who sets it, what it means."""
+
+    name: str
+    set_by: str
+    meaning: str
+
+    def get(self, environ: Optional[Mapping] = None, default: Optional[str] = None) -> Optional[str]:
+        """Its value in ``environ`` (this process's environment by default), else ``default``."""
+        return (os.environ if environ is None else environ).get(self.name, default)
+
+    def __str__(self):
+        return self.name
+
+
+STRATEGY = Variable("TFCLUSTER_STRATEGY", "--strategy of local and start (or you)",
+                    "the strategy fit and Keras use when the script names none")
+WIRE = Variable("TFCLUSTER_WIRE", "--wire of local and start (or you)",
+                "the type weights and gradients travel in when the strategy names none")
+RUN_ID = Variable("TFCLUSTER_RUN_ID", "tfcluster local (one per launch); tfcluster start from SLURM_JOB_ID",
+                  "which run a task belongs to: a task restarted in the same run resumes its checkpoints")
+RESTART_COUNT = Variable("TFCLUSTER_RESTART_COUNT", "tfcluster local",
+                         "how often the launcher restarted this task (0 at first); set only under the launcher")
+DONE_RECORD = Variable("TFCLUSTER_DONE_RECORD", "tfcluster start, for its command",
+                       "a file in which the command notes each ps it told that it is done")
+TF_CHECKED = Variable("TFCLUSTER_TF_CHECKED", "tfcluster, once it checked the installed TensorFlow",
+                      "the tasks a command starts do not repeat the TensorFlow install warnings")
+DEBUG = Variable("TFCLUSTER_DEBUG", "you", "1: tfcluster's debug lines, everywhere")
+TF1_READY_POLL_SECS = Variable("TFCLUSTER_TF1_READY_POLL_SECS", "you",
+                               "TF1 mode: seconds between 'is the model ready?' polls (TF's default is 30)")
+TF1_STOP_GRACE_SECS = Variable("TFCLUSTER_TF1_STOP_GRACE_SECS", "you",
+                               "TF1 mode: seconds a closing MonitoredSession waits for its threads (TF's is 120)")
+
+#: Every variable of the table.
+VARIABLES = (STRATEGY, WIRE, RUN_ID, RESTART_COUNT, DONE_RECORD, TF_CHECKED, DEBUG, TF1_READY_POLL_SECS,
+             TF1_STOP_GRACE_SECS)
+
+
+def option_variable(flag: str) -> str:
+    """``TFCLUSTER_MAX_RESTARTS`` for ``--max-restarts``: the variable that sets a command's option."""
+    return OPTION_PREFIX + flag.lstrip("-").replace("-", "_").upper()
