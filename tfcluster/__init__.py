@@ -10,12 +10,11 @@ is replicated) -> ``session`` and ``loop`` with its ``hooks`` -> ``train`` and
 load on first use.
 """
 
+from .core.errors import ClusterUnreachableError, PortInUseError, SpecError, TfclusterError  # noqa: E402
 from .core.version import __version__  # noqa: E402,F401
-
-from .core.errors import TfclusterError, SpecError, PortInUseError, ClusterUnreachableError  # noqa: E402
+from .runtime.server import probe, serve_until_done, server_from_tf_config, signal_done, start_server, wait_for_cluster  # noqa: E402,E501
 from .topology.cluster import Cluster, Task  # noqa: E402
 from .topology.taskenv import quiet_tensorflow  # noqa: E402
-from .runtime.server import start_server, server_from_tf_config, probe, wait_for_cluster, serve_until_done, signal_done  # noqa: E402,E501
 
 # Names whose modules import TensorFlow when used: resolved lazily, so the CLI stays fast.
 _LAZY = {

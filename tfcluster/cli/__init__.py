@@ -11,11 +11,11 @@ import argparse
 import signal
 import sys
 
-from ..core.version import __version__
 from ..core.errors import TfclusterError
 from ..core.exits import EXIT_USAGE, from_signal
 from ..core.logs import setup_cli_logging
 from ..core.tfguard import INSTALL_HINT
+from ..core.version import __version__
 from . import local, spec, start, status
 from .common import add_cluster_args, cluster_from_args, environment_defaults, split_command
 

@@ -15,8 +15,8 @@ import re
 import sys
 
 from ..core import environment
-from ..topology.cluster import TASK_TYPES, Cluster
 from ..core.errors import TfclusterError
+from ..topology.cluster import TASK_TYPES, Cluster
 
 log = logging.getLogger("tfcluster")
 
@@ -84,10 +84,11 @@ def cluster_from_args(args, need_task=True) -> Cluster:
         cluster = Cluster.from_hosts(ps=args.ps_hosts, worker=args.worker_hosts, chief=args.chief_hosts)
     elif args.slurm:
         cluster = Cluster.from_slurm(ps=args.slurm_ps, port_base=args.slurm_port_base)
-    elif os.environ.get("TF_CONFIG"):
-        cluster = Cluster.from_tf_config()
     else:
-        raise TfclusterError("no cluster given: use --cluster FILE, --ps/--worker host lists, --slurm or TF_CONFIG")
+        cluster = Cluster.from_environment()
+        if cluster is None:
+            raise TfclusterError("no cluster given: use --cluster FILE, --ps/--worker host lists, --slurm or "
+                                 "TF_CONFIG")
     if (job is None) != (index is None):
         raise TfclusterError("--job and --task go together; give both or neither")
     if job is not None:
@@ -145,8 +146,8 @@ def task_command(args) -> list:
 
 def extra_environment(args) -> dict:
     """Variables every task's command gets from this command's options (the strategy, its wire)."""
-    from ..strategies import STRATEGY_ENV
     from ..graph.wire import WIRE_ENV
+    from ..strategies import STRATEGY_ENV
     env = {STRATEGY_ENV: args.strategy} if getattr(args, "strategy", None) else {}
     if getattr(args, "wire", None):
         env[WIRE_ENV] = args.wire

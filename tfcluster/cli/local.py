@@ -4,10 +4,10 @@ import argparse
 import sys
 
 from ..core import environment
-from ..topology.cluster import Cluster
 from ..core.errors import TfclusterError
 from ..core.logs import use_prefixed_logging
 from ..core.tfguard import check_tensorflow, require_tensorflow
+from ..topology.cluster import Cluster
 from .common import add_run_args, extra_environment, task_command, task_count
 
 DESCRIPTION = """\

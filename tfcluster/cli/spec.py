@@ -3,9 +3,9 @@
 import shlex
 import sys
 
-from ..topology.cluster import Cluster
 from ..core.errors import TfclusterError
 from ..core.private import open_private
+from ..topology.cluster import Cluster
 from .common import task_count
 
 

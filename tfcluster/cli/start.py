@@ -10,11 +10,11 @@ import tempfile
 import threading
 
 from ..core import environment, posix
-from ..topology.cluster import Cluster, is_loopback, parse_address
 from ..core.errors import ClusterUnreachableError, TfclusterError
 from ..core.exits import exit_status
-from ..topology.taskenv import prepare_this_process, task_environment
 from ..core.tfguard import check_tensorflow
+from ..topology.cluster import Cluster, is_loopback, parse_address
+from ..topology.taskenv import prepare_this_process, task_environment
 from .common import add_cluster_args, add_run_args, cluster_from_args, extra_environment, task_command
 
 log = logging.getLogger("tfcluster")

@@ -9,6 +9,5 @@
 """
 
 from ..core.errors import DataError  # noqa: F401  (what a bad data file raises)
-from .loaders import (MNIST_FILES, DataSet, load, load_digits, load_mnist, read_idx, shard, to_dataset,  # noqa: F401
-                      write_idx)
+from .loaders import MNIST_FILES, DataSet, load, load_digits, load_mnist, read_idx, shard, to_dataset, write_idx  # noqa: F401
 from .pipeline import OUTSIDE_GRAPH_BYTES, arrays_outside_the_graph  # noqa: F401

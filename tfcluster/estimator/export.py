@@ -18,8 +18,8 @@ from tensorflow.python.saved_model.model_utils import export_output as _outputs
 from tensorflow.python.saved_model.model_utils import export_utils as _export_utils
 from tensorflow.python.util import deprecation
 
-from ..runtime.checkpoints import checkpoint_step
 from ..core.errors import TfclusterError
+from ..runtime.checkpoints import checkpoint_step
 from .calls import call_model_fn
 from .spec import ModeKeys
 

@@ -11,9 +11,9 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from ..runtime.checkpoints import checkpoint_exists, restore_error
 from ..core.errors import TfclusterError
 from ..graph.step import StepContext, StepValues
+from ..runtime.checkpoints import checkpoint_exists, restore_error
 from ..training.loop import merge_requests
 from .calls import call_input_fn, call_model_fn
 from .spec import ModeKeys

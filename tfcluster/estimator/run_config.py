@@ -10,8 +10,8 @@ import copy
 import os
 from typing import Optional
 
-from ..topology.cluster import Cluster, Task
 from ..core.errors import SpecError
+from ..topology.cluster import Cluster, Task
 
 _USE_DEFAULT = object()
 #: TF 1.x's save_checkpoints_secs when neither it nor save_checkpoints_steps is given.
@@ -71,7 +71,7 @@ class RunConfig:
         self._protocol = protocol
         self._session_creation_timeout_secs = session_creation_timeout_secs
         self._checkpoint_save_graph_def = checkpoint_save_graph_def
-        self._cluster = _cluster_from_environment()
+        self._cluster = Cluster.from_environment()
 
     # -------------------------------------------------------------- role
     @property
@@ -181,18 +181,3 @@ class RunConfig:
     def __repr__(self):
         where = f"{self.task_type}:{self.task_id}" if self._task is not None else "one process"
         return f"RunConfig(model_dir={self._model_dir!r}, {where})"
-
-
-def _cluster_from_environment() -> Optional[Cluster]:
-    """TF_CONFIG's cluster and task, or None when it is unset or names no cluster."""
-    text = os.environ.get("TF_CONFIG")
-    if not text:
-        return None
-    import json
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if isinstance(data, dict) and not data.get("cluster"):
-        return None         # TF 1.x ignored a TF_CONFIG with only a task (or nothing)
-    return Cluster.from_json(text, where="TF_CONFIG")

@@ -17,10 +17,10 @@ import time
 
 import tensorflow as tf
 
-from ..runtime.checkpoints import checkpoint_step, read_done_marker
 from ..core.errors import ChiefLostError, SpecError, TfclusterError
-from ..runtime.server import serve_until_done, signal_done, task_server
 from ..core.tferrors import summary
+from ..runtime.checkpoints import checkpoint_step, read_done_marker
+from ..runtime.server import serve_until_done, signal_done, task_server
 
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")

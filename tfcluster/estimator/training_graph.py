@@ -19,12 +19,12 @@ import tensorflow as tf
 
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import ModelFnError, TfclusterError
+from ..graph.placement import ByteBalancedSetter
 from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
+from ..runtime.server import task_server, wait_for_cluster
 from ..training.hooks import CheckpointHook, SummaryHook
 from ..training.liveness import ChiefHeartbeat
 from ..training.loop import run_loop
-from ..graph.placement import ByteBalancedSetter
-from ..runtime.server import task_server, wait_for_cluster
 from ..training.session import TrainingSession
 from .calls import call_input_fn, call_model_fn
 from .spec import ModeKeys

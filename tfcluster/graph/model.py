@@ -84,7 +84,7 @@ def make_dataset(input_fn, ctx: InputContext):
     """``input_fn(ctx)``, checked to be a ``tf.data.Dataset``; its big numpy arrays stay out of the graph."""
     import tensorflow as tf
 
-    from ..data.pipeline import arrays_outside_the_graph   # it imports numpy, which the CLI does without
+    from ..data.pipeline import arrays_outside_the_graph  # it imports numpy, which the CLI does without
     with arrays_outside_the_graph():
         ds = input_fn(ctx)
     if not isinstance(ds, tf.data.Dataset):

@@ -90,6 +90,7 @@ def _pass_gradients():
 def _scale_of(x):
     """float16: a power of two that brings ``x``'s largest magnitude to [2^12, 2^15) (no gradient)."""
     import math
+
     import tensorflow as tf
     m = tf.reduce_max(tf.abs(x))
     e = float(_TOP) - tf.floor(tf.math.log(tf.maximum(m, 1e-30)) / math.log(2.0))

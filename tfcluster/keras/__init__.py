@@ -23,13 +23,13 @@ import time
 
 import tensorflow as tf
 
-from ..topology.cluster import Cluster
 from ..core.errors import SpecError
 from ..graph.placement import ByteBalancedSetter
 from ..runtime.preemption import Preempted, SigtermWatch
 from ..runtime.server import serve_until_done, task_server, wait_for_cluster
 from ..strategies import STRATEGY_ENV
 from ..strategies.sync_replicas import for_keras
+from ..topology.cluster import Cluster
 
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")
@@ -54,7 +54,7 @@ def _cloning():
 def _cluster(cluster):
     if cluster is not None:
         return cluster
-    return Cluster.from_tf_config() if os.environ.get("TF_CONFIG") else None
+    return Cluster.from_environment()
 
 
 def shard(data, index: int, count: int):

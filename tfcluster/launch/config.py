@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Optional, Tuple
 
-from ..topology.cluster import Cluster, is_loopback, parse_address
 from ..core.checks import seconds, whole_number
 from ..core.errors import SpecError
+from ..topology.cluster import Cluster, is_loopback, parse_address
 
 LEGACY_FLAG_STYLES = ("all", "job-task", "none")
 

@@ -14,8 +14,8 @@ import sys
 from typing import Optional
 
 from ..core import posix
-from ..topology.cluster import is_loopback, parse_address
 from ..core.errors import IsolationError, TfclusterError
+from ..topology.cluster import is_loopback, parse_address
 from .config import LaunchConfig
 
 _CLONE_NEWNET = 0x40000000

@@ -13,7 +13,6 @@ import sys
 import threading
 from typing import Optional
 
-
 #: The last line of a Python traceback: ``ValueError: bad value`` (module path allowed).
 _EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?")
 #: A one-line error as argparse, tfcluster (and tfcluster start) and the examples print it: ``PROG: error: ...``

@@ -9,14 +9,15 @@ import datetime
 import os
 import sys
 
+from ..core.errors import TfclusterError
+from ..core.private import make_private_dir, open_private
 from ..topology.cluster import Cluster, Task, parse_address
 from ..topology.devices import assign_local, cpu_cores, list_gpus
-from ..core.errors import TfclusterError
 from ..topology.ports import PortReservation, hold_port, port_holder
-from ..core.private import make_private_dir, open_private
 from ..topology.taskenv import task_environment
 from .config import LaunchConfig
 from .processes import SERVING_JOBS, TaskProcess
+
 
 #: Seconds between SIGTERM and SIGKILL for a ps that tfcluster hosts: it has nothing to save,
 #: only TF's slow teardown.

@@ -19,11 +19,10 @@ import threading
 import time
 from typing import Optional
 
-from ..core import environment
-from ..core import posix
-from ..topology.cluster import Task
+from ..core import environment, posix
 from ..core.errors import TfclusterError
 from ..core.private import open_private
+from ..topology.cluster import Task
 
 log = logging.getLogger("tfcluster")
 

@@ -15,12 +15,12 @@ import threading
 import time
 from typing import Optional
 
-from ..topology.cluster import Cluster, Task, parse_address
 from ..core import environment
 from ..core.errors import ClusterUnreachableError, PortInUseError, SpecError
+from ..core.tferrors import summary
+from ..topology.cluster import Cluster, Task, parse_address
 from ..topology.ports import port_holder, port_is_free
 from ..topology.taskenv import import_tensorflow, native_logs_quiet, native_stderr_silenced
-from ..core.tferrors import summary
 
 log = logging.getLogger("tfcluster")
 

@@ -21,8 +21,8 @@ import os
 
 from ..core import environment
 from ..core.errors import CollectiveError, ModelFnError, SpecError, SyncStallError
-from ..graph.step import Hook, StepResult, StepRunner, TrainGraph
 from ..graph.model import InputContext, Mode, ModelOutput, ReplicaContext, replica_loss
+from ..graph.step import Hook, StepResult, StepRunner, TrainGraph
 from .base import Strategy
 from .collective import CollectiveAllReduceStrategy
 from .local import LocalStrategy

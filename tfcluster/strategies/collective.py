@@ -49,8 +49,8 @@ import logging
 from typing import Optional
 
 from ..core.errors import CollectiveError, SpecError
-from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..core.tferrors import summary
+from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..graph.wire import WIRE_ENV, resolve_wire
 from .base import Strategy, build_single_replica
 

@@ -25,7 +25,6 @@ task) or, without one, from the device its ops are placed on
 (``/job:worker/task:k``, as ``replica_device_setter`` places them).
 """
 
-import os
 import re
 
 import tensorflow as tf
@@ -36,15 +35,13 @@ tf1 = tf.compat.v1
 
 def trainer_index(anchor_device: str, total: int) -> int:
     """This worker's index among the ``total`` trainers (chief first)."""
-    text = os.environ.get("TF_CONFIG")
-    if text:
-        try:
-            from ..topology.cluster import Cluster
-            cluster = Cluster.from_json(text, where="TF_CONFIG")
-            if cluster.task is not None and cluster.task in cluster.trainers():
-                return cluster.trainers().index(cluster.task)
-        except Exception:  # a TF_CONFIG this process does not train in: fall back to the device
-            pass
+    from ..topology.cluster import Cluster
+    try:
+        cluster = Cluster.from_environment()
+    except Exception:  # a TF_CONFIG this process does not train in: fall back to the device
+        cluster = None
+    if cluster is not None and cluster.task is not None and cluster.task in cluster.trainers():
+        return cluster.trainers().index(cluster.task)
     m = re.search(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", anchor_device or "")
     if m is None or m.group(1) in ("chief", "master"):
         return 0

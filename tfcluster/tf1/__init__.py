@@ -177,8 +177,10 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
     from ..topology.taskenv import import_tensorflow
     real = import_tensorflow()      # its loading lines hidden when its logs are quiet
     from tensorflow.python.util import deprecation
+
     from .. import estimator
-    from . import contrib as contrib_mod, overrides
+    from . import contrib as contrib_mod
+    from . import overrides
 
     v1 = real.compat.v1
     with deprecation.silence():

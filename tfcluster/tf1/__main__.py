@@ -33,8 +33,8 @@ def _fail(message: str) -> int:
 
 def _one_line_cause(error):
     """The error in the chain that deserves one clear line instead of a traceback, as text."""
-    from . import TF1RemovedError
     from ..core.errors import TfclusterError
+    from . import TF1RemovedError
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))

@@ -11,7 +11,6 @@
   TF 2.21 refuses a ``range``.
 """
 
-import os
 import types
 
 from ..core import environment

@@ -78,8 +78,8 @@ def warn_on_recovery():
 
 
 def _what_is_lost(creator) -> str:
-    from tensorflow.python.training import monitored_session as ms
     from tensorflow.python.checkpoint import checkpoint_management
+    from tensorflow.python.training import monitored_session as ms
     inner = getattr(creator, "_session_creator", creator)
     if not isinstance(inner, ms.ChiefSessionCreator):
         return "This task is not the chief: it only waits for the model, and loses nothing."
@@ -207,11 +207,11 @@ def cluster_sessions():
 
 def _this_task(servers):
     """This process's task of its cluster: TF_CONFIG's, else the last tf.train.Server's; None if neither."""
-    import os
     from ..topology.cluster import Cluster
     try:
-        if os.environ.get("TF_CONFIG"):
-            return Cluster.from_tf_config()
+        cluster = Cluster.from_environment()
+        if cluster is not None:
+            return cluster
         if servers:
             spec, job, index = servers[-1]
             import tensorflow as tf

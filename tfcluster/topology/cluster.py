@@ -231,6 +231,26 @@ class Cluster:
         return cls.from_json(text, where="TF_CONFIG")
 
     @classmethod
+    def from_environment(cls, environ: Optional[Mapping] = None) -> Optional["Cluster"]:
+        """TF_CONFIG's cluster and task, or None when TF_CONFIG is unset or names no cluster.
+
+        The one way every part of tfcluster finds its cluster in the environment,
+        as TF 1.x's RunConfig read it: a TF_CONFIG with only a ``task`` (or an
+        empty one) means a single process.
+        """
+        env = os.environ if environ is None else environ
+        text = env.get("TF_CONFIG")
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None     # from_json names the fault
+        if isinstance(data, dict) and not data.get("cluster") and not data.get("sparseCluster"):
+            return None
+        return cls.from_json(text, where="TF_CONFIG")
+
+    @classmethod
     def from_hosts(cls, ps=None, worker=None, chief=None, job=None, task=None) -> "Cluster":
         """Build from host lists (``"h:p,h:p"`` or lists) and an optional job/task."""
         jobs = {}

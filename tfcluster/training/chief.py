@@ -15,8 +15,8 @@ although an older one was intact. Here, in order:
 
 import logging
 
-from ..runtime.checkpoints import checkpoints_in
 from ..core.tferrors import summary
+from ..runtime.checkpoints import checkpoints_in
 
 log = logging.getLogger("tfcluster")
 

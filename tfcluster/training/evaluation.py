@@ -13,11 +13,18 @@ import os
 import time
 from typing import Optional
 
-from ..runtime.checkpoints import (CheckpointUnreadable, checkpoint_exists, checkpoint_step, checkpoints_in, read_done_marker,
-                          resolve_checkpoint, restore_error)
 from ..core.errors import ModelFnError, SpecError, TfclusterError
-from .hooks import scalar_summary
 from ..graph.model import InputContext, Mode, call_model_fn, make_dataset, per_example_losses, split_element
+from ..runtime.checkpoints import (
+    CheckpointUnreadable,
+    checkpoint_exists,
+    checkpoint_step,
+    checkpoints_in,
+    read_done_marker,
+    resolve_checkpoint,
+    restore_error,
+)
+from .hooks import scalar_summary
 
 log = logging.getLogger("tfcluster")
 

@@ -11,10 +11,10 @@ import os
 import time
 from typing import Optional
 
-from ..runtime.checkpoints import CHECKPOINT_NAME, remove_partial, write_done_marker
 from ..core.errors import CheckpointSaveError
 from ..core.tferrors import summary
 from ..graph.step import Hook, RunArgs
+from ..runtime.checkpoints import CHECKPOINT_NAME, remove_partial, write_done_marker
 
 log = logging.getLogger("tfcluster")
 

@@ -18,8 +18,8 @@ import time
 from typing import Optional
 
 from ..graph.step import RunArgs, StepContext, StepValues
-from .hooks import CheckpointHook
 from ..runtime.preemption import Preempted, SigtermWatch, StepInterrupted
+from .hooks import CheckpointHook
 
 log = logging.getLogger("tfcluster")
 

@@ -21,11 +21,11 @@ import threading
 import time
 from typing import Optional
 
-from .chief import ChiefStart
 from ..core.duplicates import rerun
 from ..core.errors import ClusterUnreachableError, RecoveryLimitError, StepTimeoutError
-from ..runtime.server import wait_for_cluster
 from ..core.tferrors import recoverable, summary
+from ..runtime.server import wait_for_cluster
+from .chief import ChiefStart
 
 log = logging.getLogger("tfcluster")
 

@@ -28,17 +28,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .. import strategies
-from ..runtime.checkpoints import prepare_checkpoint_dir
-from ..topology.cluster import Cluster
 from ..core.checks import seconds, whole_number
 from ..core.errors import ChiefLostError, SpecError
+from ..graph.model import make_dataset, split_element
+from ..graph.placement import human_bytes, placement_report
+from ..runtime.checkpoints import prepare_checkpoint_dir
+from ..runtime.server import serve_until_done, signal_done, task_server, wait_for_cluster
+from ..topology.cluster import Cluster
 from .evaluation import local_config, run_evaluator
 from .hooks import CheckpointHook, ProgressHook, SummaryHook, TimelineHook
 from .liveness import ChiefHeartbeat
 from .loop import run_loop
-from ..graph.model import make_dataset, split_element
-from ..graph.placement import human_bytes, placement_report
-from ..runtime.server import serve_until_done, signal_done, task_server, wait_for_cluster
 from .session import TrainingSession
 from .train_metrics import SharedMetrics, TrainMetricsHook, examples_in, steps_for_epochs
 
@@ -116,11 +116,7 @@ class FitConfig:
 # ------------------------------------------------------------------ helpers
 def resolve_cluster(cluster=None):
     """The cluster to train on: the one given, else TF_CONFIG's, else None (a single process)."""
-    if cluster is not None:
-        return cluster
-    if os.environ.get("TF_CONFIG"):
-        return Cluster.from_tf_config()
-    return None
+    return cluster if cluster is not None else Cluster.from_environment()
 
 
 def _play_other_role(cluster, model_fn, eval_input_fn, checkpoint_dir, batch_size, config):

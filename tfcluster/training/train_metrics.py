@@ -18,9 +18,9 @@ import math
 import time
 
 from ..core.errors import SpecError
+from ..graph.model import InputContext, make_dataset
 from ..graph.step import Hook, RunArgs
 from .hooks import scalar_summary
-from ..graph.model import InputContext, make_dataset
 
 log = logging.getLogger("tfcluster")
 
