@@ -24,7 +24,7 @@ from typing import Mapping, Optional
 
 from ..core.checks import whole_number
 from ..core.errors import SpecError
-from .tfconfig import read_layout
+from .tfconfig import names_a_cluster, read_layout
 
 #: The jobs with a role, in the order tasks are listed (other jobs follow, by name).
 CLUSTER_JOBS = ("chief", "master", "worker", "ps")
@@ -152,6 +152,31 @@ def _validated_jobs(jobs) -> dict:
     return {job: clean[job] for job in order}
 
 
+def _validated_task(jobs, task) -> Task:
+    """``task`` as a Task of ``jobs`` (or the evaluator, outside them), checked."""
+    if isinstance(task, tuple) and not isinstance(task, Task):
+        task = Task(*task)
+    job, index = task.job, task.index
+    if not isinstance(job, str) or (job not in TASK_TYPES and job not in jobs):
+        raise SpecError(f"task: unknown job {job!r}; this cluster's jobs are {', '.join(jobs)} "
+                        "(and the evaluator, outside it)")
+    if isinstance(index, bool) or not isinstance(index, int):
+        try:
+            index = int(str(index))
+        except ValueError:
+            raise SpecError(f"task: index {index!r} of job {job!r} is not a whole number") from None
+    if job == "evaluator":
+        if index != 0:
+            raise SpecError(f"task: evaluator index {index} is out of range; there is one evaluator, index 0")
+    elif job not in jobs:
+        raise SpecError(f"task: job {job!r} is not in the cluster (jobs: {', '.join(jobs)})")
+    elif not 0 <= index < len(jobs[job]):
+        raise SpecError(
+            f"task: index {index} is out of range for job {job!r}, "
+            f"which has {len(jobs[job])} task(s): 0-{len(jobs[job]) - 1}")
+    return Task(job, index)
+
+
 @dataclass(frozen=True)
 class Cluster:
     """An immutable, validated cluster: jobs to addresses, plus this process's task."""
@@ -162,30 +187,7 @@ class Cluster:
     def __post_init__(self):
         object.__setattr__(self, "jobs", MappingProxyType(_validated_jobs(self.jobs)))
         if self.task is not None:
-            object.__setattr__(self, "task", self._check_task(self.task))
-
-    def _check_task(self, task) -> Task:
-        if isinstance(task, tuple) and not isinstance(task, Task):
-            task = Task(*task)
-        job, index = task.job, task.index
-        if not isinstance(job, str) or (job not in TASK_TYPES and job not in self.jobs):
-            raise SpecError(f"task: unknown job {job!r}; this cluster's jobs are {', '.join(self.jobs)} "
-                            "(and the evaluator, outside it)")
-        if isinstance(index, bool) or not isinstance(index, int):
-            try:
-                index = int(str(index))
-            except ValueError:
-                raise SpecError(f"task: index {index!r} of job {job!r} is not a whole number") from None
-        if job == "evaluator":
-            if index != 0:
-                raise SpecError(f"task: evaluator index {index} is out of range; there is one evaluator, index 0")
-        elif job not in self.jobs:
-            raise SpecError(f"task: job {job!r} is not in the cluster (jobs: {', '.join(self.jobs)})")
-        elif not 0 <= index < len(self.jobs[job]):
-            raise SpecError(
-                f"task: index {index} is out of range for job {job!r}, "
-                f"which has {len(self.jobs[job])} task(s): 0-{len(self.jobs[job]) - 1}")
-        return Task(job, index)
+            object.__setattr__(self, "task", _validated_task(self.jobs, self.task))
 
     # ------------------------------------------------------------------ sources
     @classmethod
@@ -232,23 +234,12 @@ class Cluster:
 
     @classmethod
     def from_environment(cls, environ: Optional[Mapping] = None) -> Optional["Cluster"]:
-        """TF_CONFIG's cluster and task, or None when TF_CONFIG is unset or names no cluster.
+        """TF_CONFIG's cluster and task; None when it is unset or names no cluster (one process, as in TF 1.x).
 
-        The one way every part of tfcluster finds its cluster in the environment,
-        as TF 1.x's RunConfig read it: a TF_CONFIG with only a ``task`` (or an
-        empty one) means a single process.
+        The one way every part of tfcluster finds its cluster in the environment.
         """
-        env = os.environ if environ is None else environ
-        text = env.get("TF_CONFIG")
-        if not text:
-            return None
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = None     # from_json names the fault
-        if isinstance(data, dict) and not data.get("cluster") and not data.get("sparseCluster"):
-            return None
-        return cls.from_json(text, where="TF_CONFIG")
+        text = (os.environ if environ is None else environ).get("TF_CONFIG")
+        return cls.from_json(text, where="TF_CONFIG") if text and names_a_cluster(text) else None
 
     @classmethod
     def from_hosts(cls, ps=None, worker=None, chief=None, job=None, task=None) -> "Cluster":
@@ -370,7 +361,7 @@ class Cluster:
 
     def tf_config(self, task: Optional[Task] = None) -> str:
         """Render TF_CONFIG JSON for a task (this process's task by default)."""
-        t = self._check_task(task) if task is not None else self.this_task()
+        t = _validated_task(self.jobs, task) if task is not None else self.this_task()
         return json.dumps({"cluster": self.as_dict(), "task": {"type": t.job, "index": t.index}},
                           separators=(",", ":"))
 
@@ -382,7 +373,7 @@ class Cluster:
         """The TF1 flags ``--job_name --task_index [--ps_hosts --worker_hosts]``."""
         if style not in ("all", "job-task", "none"):
             raise SpecError(f"legacy flags: unknown style {style!r}; use all, job-task or none")
-        t = self._check_task(task) if task is not None else self.this_task()
+        t = _validated_task(self.jobs, task) if task is not None else self.this_task()
         if style == "none":
             return []
         flags = [f"--job_name={t.job}", f"--task_index={t.index}"]

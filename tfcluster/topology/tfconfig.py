@@ -97,6 +97,18 @@ def read_layout(data, where: str = "cluster spec") -> Layout:
     return Layout(jobs, task, evaluator, environment)
 
 
+def names_a_cluster(text: str) -> bool:
+    """False for a TF_CONFIG that names no cluster (empty, or a task alone): TF 1.x ran that as one process.
+
+    Text that is not JSON names one, so that reading it says what is wrong.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return True
+    return not isinstance(data, dict) or bool(data.get("cluster") or data.get("sparseCluster"))
+
+
 def _task(task, where: str) -> Optional[tuple]:
     if task is None:
         return None
