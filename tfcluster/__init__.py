@@ -12,7 +12,8 @@ load on first use.
 
 from .core.errors import ClusterUnreachableError, PortInUseError, SpecError, TfclusterError  # noqa: E402
 from .core.version import __version__  # noqa: E402,F401
-from .runtime.server import probe, serve_until_done, server_from_tf_config, signal_done, start_server, wait_for_cluster  # noqa: E402,E501
+from .runtime.server import probe, server_from_tf_config, start_server, wait_for_cluster  # noqa: E402
+from .runtime.shutdown import serve_until_done, signal_done  # noqa: E402
 from .topology.cluster import Cluster, Task  # noqa: E402
 from .topology.taskenv import quiet_tensorflow  # noqa: E402
 

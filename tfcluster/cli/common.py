@@ -106,7 +106,7 @@ def add_run_args(p):
     from ..strategies import STRATEGY_ENV, names
     p.add_argument("--no-session-fixes", action="store_true",
                    help="with --legacy-flags and no --tf1, run a Python script bare: without TF1 mode's session "
-                        "fixes (1 s readiness polls, a late worker that does not wait for a finished chief, "
+                        "fixes (0.2 s readiness polls, a late worker that does not wait for a finished chief, "
                         "falsely rejected steps rerun; docs/tf1.md)")
     p.add_argument("--strategy", choices=names(), metavar="NAME",
                    help=f"the strategy tfcluster.fit uses when the script names none ({STRATEGY_ENV}); one of "

@@ -7,6 +7,7 @@ from ..core import environment
 from ..core.errors import TfclusterError
 from ..core.logs import use_prefixed_logging
 from ..core.tfguard import check_tensorflow, require_tensorflow
+from ..runtime.preemption import STOP_GRACE_SECS
 from ..topology.cluster import Cluster
 from .common import add_run_args, extra_environment, task_command, task_count
 
@@ -112,9 +113,9 @@ def add_parser(sub):
     lo.add_argument("--join-grace", type=float, metavar="S",
                     help="S seconds after the chief (or worker 0) finished, stop trainers still running as "
                          "left in server.join() (default: wait for every trainer)")
-    lo.add_argument("--stop-grace", type=float, default=30.0, metavar="S",
+    lo.add_argument("--stop-grace", type=float, default=STOP_GRACE_SECS, metavar="S",
                     help="on Ctrl-C, SIGTERM or a failed task, each task has S seconds after SIGTERM before "
-                         "SIGKILL: a trainer ends its step and writes its checkpoint (default 30; a second "
+                         f"SIGKILL: a trainer ends its step and writes its checkpoint (default {STOP_GRACE_SECS:g}; a second "
                          "signal stops everything at once)")
     lo.add_argument("--no-isolate", action="store_true",
                     help="do not run the cluster in its own loopback-only network namespace (its ports are then "

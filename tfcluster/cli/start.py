@@ -13,6 +13,7 @@ from ..core import environment, posix
 from ..core.errors import ClusterUnreachableError, TfclusterError
 from ..core.exits import exit_status
 from ..core.tfguard import check_tensorflow
+from ..runtime.preemption import STOP_GRACE_SECS
 from ..topology.cluster import Cluster, is_loopback, parse_address
 from ..topology.taskenv import prepare_this_process, task_environment
 from .common import add_cluster_args, add_run_args, cluster_from_args, extra_environment, task_command
@@ -34,10 +35,10 @@ def add_parser(sub):
                    help="with no COMMAND: seconds a worker or chief waits for its ps tasks (default 120)")
     s.add_argument("--no-exit-when-done", action="store_true",
                    help="a ps keeps serving after every trainer is done, until Ctrl-C")
-    s.add_argument("--stop-grace", type=float, default=30.0, metavar="S",
+    s.add_argument("--stop-grace", type=float, default=STOP_GRACE_SECS, metavar="S",
                    help="on SIGTERM (a scheduler stopping the job), a ps serves on while any trainer still "
                         "answers, at most S seconds, so that the chief can write its last checkpoint "
-                        "(default 30, Kubernetes' grace; Ctrl-C stops at once)")
+                        f"(default {STOP_GRACE_SECS:g}, Kubernetes' grace; Ctrl-C stops at once)")
     add_run_args(s)
     s.set_defaults(func=run)
     return s
@@ -130,7 +131,8 @@ def run(args) -> int:
 
 
 def _host_server(cluster: Cluster, args) -> int:
-    from ..runtime.server import drain_on_sigterm, serve_until_done, start_server, wait_for_cluster
+    from ..runtime.server import start_server, wait_for_cluster
+    from ..runtime.shutdown import drain_on_sigterm, serve_until_done
     task = cluster.task
     prepare_this_process(args.verbose, hosted_server=True)
     stop = threading.Event()
@@ -153,7 +155,7 @@ def _host_server(cluster: Cluster, args) -> int:
     if done_aware:
         log.info("it exits once all %d trainer(s) are done", cluster.num_replicas)
     how = serve_until_done(server, cluster, stop=stop, exit_when_done=done_aware)
-    log.info("%s stopped (%s)", task, "all trainers done" if how == "done" else "signal")
+    log.info("%s stopped (%s)", task, how.value)
     # The gRPC server cannot be stopped (Server.stop is unimplemented) and
     # TF's interpreter teardown takes most of a second; a server holds
     # nothing to save, so leave at once.
@@ -223,7 +225,7 @@ def _tell_ps_done(cluster: Cluster, record: str, args):
     here, after fit sent its own, reached a ps that was exiting and waited
     out its deadlines: 18 s and a warning per worker at the end of every job.
     """
-    from ..runtime.server import signal_done, told_by_record
+    from ..runtime.shutdown import signal_done, told_by_record
     told = told_by_record(record, cluster.task)
     pending = [ps for ps in cluster.tasks(("ps",)) if str(ps) not in told]
     if not pending:

@@ -21,12 +21,12 @@ def add_parser(sub):
 def run(args) -> int:
     """Print one row per task (job, index, address, up/down); exit 1 if any is down."""
     cluster = cluster_from_args(args, need_task=False)
-    from ..runtime.server import probe
+    from ..runtime.server import TaskState, probe
     states = probe(cluster, timeout=args.timeout)
     print(f"{'JOB':<8} {'INDEX':>5}  {'ADDRESS':<28} STATE")
     for t, state in states.items():
         print(f"{t.job:<8} {t.index:>5}  {cluster.address(t):<28} {state}")
-    down = [t for t, s in states.items() if s != "up"]
+    down = [t for t, s in states.items() if s is not TaskState.UP]
     if down:
         print(f"tfcluster: {len(down)} of {len(states)} task(s) down: "
               + ", ".join(str(t) for t in down), file=sys.stderr)

@@ -17,10 +17,10 @@ import time
 
 import tensorflow as tf
 
-from ..core.errors import ChiefLostError, SpecError, TfclusterError
+from ..core.errors import SpecError, TfclusterError
 from ..core.tferrors import summary
 from ..runtime.checkpoints import checkpoint_step, read_done_marker
-from ..runtime.server import serve_until_done, signal_done, task_server
+from ..runtime.shutdown import done_when_finished, serve_as_ps
 
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")
@@ -70,22 +70,16 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
         return _run_local(estimator, train_spec, eval_spec)
     role = cluster.role()
     if role == "ps":
-        serve_until_done(task_server(cluster), cluster)
+        serve_as_ps(cluster)
         return None, None
     if role == "evaluator":
         return _run_evaluator(estimator, train_spec, eval_spec)
     if role not in ("chief", "worker"):
         raise TfclusterError(f"train_and_evaluate has no role for {cluster.task}: give the task type chief "
                              "(or master), worker, ps or evaluator")
-    try:
+    with done_when_finished(cluster):
         estimator.train(train_spec.input_fn, hooks=train_spec.hooks, max_steps=train_spec.max_steps,
                         saving_listeners=train_spec.saving_listeners)
-    except ChiefLostError:
-        signal_done(cluster)        # the ps waits for every trainer's token: this one's and the lost chief's
-        signal_done(cluster, task=cluster.chief_task)
-        raise
-    if cluster.num_tasks("ps"):
-        signal_done(cluster)
     return None, None
 
 

@@ -23,7 +23,7 @@ from ..graph.placement import ByteBalancedSetter
 from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..runtime.server import task_server, wait_for_cluster
 from ..training.hooks import CheckpointHook, SummaryHook
-from ..training.liveness import ChiefHeartbeat
+from ..training.liveness import heartbeat
 from ..training.loop import run_loop
 from ..training.session import TrainingSession
 from .calls import call_input_fn, call_model_fn
@@ -32,8 +32,7 @@ from .spec import ModeKeys
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")
 
-#: Workers stop, in one line, when the chief has not been heard from for this long (tfcluster.training.liveness).
-CHIEF_TIMEOUT_SECS = 60.0
+
 
 class StepLogHook(Hook):
     """TF 1.x Estimator's lines: ``loss = ..., step = ...`` every N steps, and global steps per second."""
@@ -208,9 +207,9 @@ def _session(estimator, train_graph, spec, init_local, server, cluster, name, ho
             save_steps=config.save_checkpoints_steps, save_secs=config.save_checkpoints_secs,
             listeners=saving_listeners or ()))
         all_hooks += list(spec.training_chief_hooks)
-    if cluster is not None and cluster.num_tasks("ps") and cluster.num_replicas > 1:
-        all_hooks.append(ChiefHeartbeat(train_graph, chief, name, str(cluster.chief_task), CHIEF_TIMEOUT_SECS,
-                                        checkpoint_dir=estimator.model_dir))
+    beat = heartbeat(train_graph, cluster, name, checkpoint_dir=estimator.model_dir)
+    if beat is not None:
+        all_hooks.append(beat)
     # The step log last: its closing line comes after the final checkpoint.
     return session, all_hooks + list(spec.training_hooks) + hooks + [StepLogHook(name, config.log_step_count_steps)]
 

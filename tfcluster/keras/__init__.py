@@ -26,7 +26,8 @@ import tensorflow as tf
 from ..core.errors import SpecError
 from ..graph.placement import ByteBalancedSetter
 from ..runtime.preemption import Preempted, SigtermWatch
-from ..runtime.server import serve_until_done, task_server, wait_for_cluster
+from ..runtime.server import task_server, wait_for_cluster
+from ..runtime.shutdown import serve_as_ps
 from ..strategies import STRATEGY_ENV
 from ..strategies.sync_replicas import for_keras
 from ..topology.cluster import Cluster
@@ -88,7 +89,7 @@ def fit(model, x=None, y=None, *, cluster=None, checkpoint_dir=None, sync=None, 
         return _plain_fit(model, x, y, **fit_kwargs)
     role = cluster.role()
     if role == "ps":
-        serve_until_done(task_server(cluster), cluster)
+        serve_as_ps(cluster)
         return None
     if role not in ("chief", "worker"):
         raise SpecError(f"tfcluster.keras.fit trains on the chief and the workers, not on {cluster.task}")

@@ -15,6 +15,7 @@ from typing import Mapping, Optional, Tuple
 
 from ..core.checks import seconds, whole_number
 from ..core.errors import SpecError
+from ..runtime.preemption import STOP_GRACE_SECS
 from ..topology.cluster import Cluster, is_loopback, parse_address
 
 LEGACY_FLAG_STYLES = ("all", "job-task", "none")
@@ -64,7 +65,7 @@ class LaunchConfig:
     host: str = "localhost"
     cluster: Optional[Cluster] = None
     join_grace: Optional[float] = None
-    stop_grace: float = 30.0
+    stop_grace: float = STOP_GRACE_SECS
     isolate: bool = False
     require_isolation: bool = False
     subreaper: bool = False

@@ -235,7 +235,7 @@ class LocalLauncher:
     # ------------------------------------------------------------- ports
     def _release_ports_when_up(self):
         """Drop each task's port placeholder once its server answers (or after PORT_HOLD_LIMIT)."""
-        from ..runtime.server import probe
+        from ..runtime.server import TaskState, probe
         while not self._finished.wait(0.5):
             with self._lock:
                 pending = [p for p in self.procs if p.placeholder is not None and p.running]
@@ -249,7 +249,7 @@ class LocalLauncher:
             now = time.monotonic()
             with self._lock:
                 for p in pending:
-                    if states.get(p.task) == "up":
+                    if states.get(p.task) is TaskState.UP:
                         log.debug("%s answers on port %d; placeholder released", p.name, p.port)
                         p.release_port()
                     elif now - p.started_at > PORT_HOLD_LIMIT:

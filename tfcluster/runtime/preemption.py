@@ -37,6 +37,10 @@ log = logging.getLogger("tfcluster")
 
 #: The exit code of a preempted trainer: 128 + SIGTERM, what the signal itself would have given.
 PREEMPTED_EXIT = 128 + signal.SIGTERM
+#: Seconds a scheduler gives a task between SIGTERM and SIGKILL (Kubernetes' default grace, Slurm's
+#: KillWait): a ps hosted by tfcluster serves on that long while a trainer answers, and ``tfcluster local``
+#: gives each task that long before SIGKILL (``--stop-grace``).
+STOP_GRACE_SECS = 30.0
 #: A SIGTERM this soon after the first is the same stop delivered twice, not a demand to stop now.
 REPEAT_SECS = 2.0
 

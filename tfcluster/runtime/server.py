@@ -1,13 +1,12 @@
-"""A task's server: starting it, seeing who else is up, waiting, and ending.
+"""A task's server: starting it, and seeing who else is up, within a timeout.
 
 Every wait here has a timeout and says what it waits for, because a TF1
 session on a cluster with a missing task otherwise waits forever ("CreateSession
-still waiting for response from worker", pitfalls item 1). Parameter servers
-end through a shared queue on each ps into which every trainer puts one token
-when it is done, the known cure for ps tasks that never exit (pitfalls item 2).
+still waiting for response from worker", pitfalls item 1). How a ps ends is
+:mod:`.shutdown`.
 """
 
-import contextlib
+import enum
 import logging
 import os
 import socket
@@ -15,9 +14,7 @@ import threading
 import time
 from typing import Optional
 
-from ..core import environment
 from ..core.errors import ClusterUnreachableError, PortInUseError, SpecError
-from ..core.tferrors import summary
 from ..topology.cluster import Cluster, Task, parse_address
 from ..topology.ports import port_holder, port_is_free
 from ..topology.taskenv import import_tensorflow, native_logs_quiet, native_stderr_silenced
@@ -25,6 +22,17 @@ from ..topology.taskenv import import_tensorflow, native_logs_quiet, native_stde
 log = logging.getLogger("tfcluster")
 
 _PROXY_VARS = ("grpc_proxy", "https_proxy", "http_proxy", "GRPC_PROXY", "HTTPS_PROXY", "HTTP_PROXY")
+
+
+class TaskState(str, enum.Enum):
+    """What a probe found at a task's address (a string too: ``probe(...)[task] == "up"`` still holds)."""
+
+    UP = "up"
+    DOWN = "down"
+    UNRESOLVABLE = "unresolvable"       # its host name does not resolve
+
+    def __str__(self):
+        return self.value
 
 
 def bypass_proxy_for(cluster: Cluster):
@@ -111,14 +119,14 @@ def _resolves(host: str) -> bool:
 
 
 def probe(cluster: Cluster, tasks=None, timeout: float = 1.0) -> dict:
-    """Which tasks answer on gRPC: ``{task: "up" | "down" | "unresolvable"}``."""
+    """Which tasks answer on gRPC: ``{task: TaskState}``."""
     import grpc
     tasks = list(cluster.tasks() if tasks is None else tasks)
     result, calls, channels = {}, {}, []
     for t in tasks:
         host, port = parse_address(cluster.address(t))
         if not _resolves(host):
-            result[t] = "unresolvable"
+            result[t] = TaskState.UNRESOLVABLE
             continue
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         ch = grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)])
@@ -131,10 +139,10 @@ def probe(cluster: Cluster, tasks=None, timeout: float = 1.0) -> dict:
     for t, call in calls.items():
         try:
             call.result()
-            result[t] = "up"
+            result[t] = TaskState.UP
         except grpc.RpcError as e:
-            result[t] = "down" if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED,
-                                               grpc.StatusCode.UNAVAILABLE) else "up"
+            result[t] = TaskState.DOWN if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                                       grpc.StatusCode.UNAVAILABLE) else TaskState.UP
     for ch in channels:
         ch.close()
     return {t: result[t] for t in tasks}
@@ -147,7 +155,7 @@ _PROBE_METHOD = "/tfcluster.Probe/AreYouThere"
 def _describe_missing(cluster, states) -> str:
     parts = []
     for t, state in states.items():
-        why = " (host does not resolve)" if state == "unresolvable" else ""
+        why = " (host does not resolve)" if state is TaskState.UNRESOLVABLE else ""
         parts.append(f"{t.device} at {cluster.address(t)}{why}")
     return ", ".join(parts)
 
@@ -164,7 +172,7 @@ def wait_for_cluster(cluster: Cluster, task: Optional[Task] = None, timeout: flo
     while True:
         left = deadline - time.monotonic()
         states = probe(cluster, needed, timeout=max(0.05, min(1.0, left)))
-        missing = {t: s for t, s in states.items() if s != "up"}
+        missing = {t: s for t, s in states.items() if s is not TaskState.UP}
         if not missing:
             log.debug("all %d needed task(s) are up after %.1fs", len(needed), time.monotonic() - start)
             return
@@ -181,183 +189,3 @@ def wait_for_cluster(cluster: Cluster, task: Optional[Task] = None, timeout: flo
             next_log = now + log_every
         needed = list(missing)
         time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
-
-
-# ------------------------------------------------------------------- ending
-_DONE_CAPACITY = 4096
-#: Seconds a ps stays up after the last done token, so the sender hears back.
-_DONE_LINGER = 2.0
-
-
-def _done_queue(ps: Task):
-    import tensorflow as tf
-    tf1 = tf.compat.v1
-    # Both sides must declare the queue identically: same shared_name, type,
-    # shape and capacity, or TF refuses to share it.
-    with tf1.device(ps.device):
-        return tf1.FIFOQueue(_DONE_CAPACITY, [tf.string], shapes=[[]],
-                             shared_name=f"tfcluster_done_{ps.job}_{ps.index}", name="tfcluster_done")
-
-
-#: Seconds a ps serves on after its SIGTERM while a trainer still answers (Kubernetes' default grace).
-STOP_GRACE = 30.0
-
-
-def drain_on_sigterm(cluster: Cluster, stop: threading.Event, grace: float = STOP_GRACE):
-    """A ps's ``hold(signum)``: its first SIGTERM keeps it serving while a trainer answers (at most ``grace`` s).
-
-    A scheduler sends SIGTERM to every task at once; a ps that left at once
-    would take the model with it while the chief writes its last checkpoint
-    (preemption.py). Once no trainer answers, or after ``grace``, it sets
-    ``stop``. Returns True when it took the signal over; a second SIGTERM, or
-    another signal, is the caller's to stop on at once.
-    """
-    draining = []
-
-    def drain():
-        deadline = time.monotonic() + grace
-        while not stop.is_set() and time.monotonic() < deadline:
-            if "up" not in probe(cluster, cluster.trainers(), timeout=0.5).values():
-                break
-            stop.wait(0.5)
-        stop.set()
-
-    def hold(signum) -> bool:
-        import signal
-        if signum != signal.SIGTERM or draining or grace <= 0:
-            return False
-        log.info("%s got SIGTERM: serving on while a trainer still answers (at most %gs), so the chief can "
-                 "write its last checkpoint", cluster.task, grace)
-        draining.append(threading.Thread(target=drain, name="tfcluster-drain", daemon=True))
-        draining[0].start()
-        return True
-    return hold
-
-
-@contextlib.contextmanager
-def _sigterm_drains(cluster: Cluster, stop: threading.Event, grace: float):
-    """While a library caller serves (fit's, the Estimator's, Keras's ps role): SIGTERM drains, then stops."""
-    import signal
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    hold = drain_on_sigterm(cluster, stop, grace)
-
-    def handler(signum, _frame):
-        if not hold(signum):
-            stop.set()
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-def serve_until_done(server, cluster: Cluster, task: Optional[Task] = None,
-                     stop: Optional[threading.Event] = None, exit_when_done: bool = True,
-                     stop_grace: float = STOP_GRACE) -> str:
-    """Host a ps task until every trainer has said it is done, or ``stop`` is set.
-
-    Without a ``stop`` of the caller's, a SIGTERM stops it once no trainer
-    answers, at most ``stop_grace`` s later (:func:`drain_on_sigterm`).
-    Returns ``"done"`` or ``"stopped"``.
-    """
-    if stop is None:
-        stop = threading.Event()
-        with _sigterm_drains(cluster, stop, stop_grace):
-            return _serve(server, cluster, task, stop, exit_when_done)
-    return _serve(server, cluster, task, stop, exit_when_done)
-
-
-def _serve(server, cluster: Cluster, task: Optional[Task], stop: threading.Event, exit_when_done: bool) -> str:
-    import tensorflow as tf
-    tf1 = tf.compat.v1
-    t = cluster.this_task(task)
-    if not exit_when_done:
-        stop.wait()
-        return "stopped"
-    expected = {str(x) for x in cluster.trainers()}
-    graph = tf1.Graph()
-    with graph.as_default():
-        dequeue = _done_queue(t).dequeue()
-    seen = set()
-    options = tf1.RunOptions(timeout_in_ms=300)
-    with tf1.Session(server.target, graph=graph, config=cluster.session_config(t)) as sess:
-        while not stop.is_set():
-            try:
-                who = sess.run(dequeue, options=options).decode()
-            except tf.errors.DeadlineExceededError:
-                continue
-            if who in expected and who not in seen:
-                seen.add(who)
-                log.info("%s is done (%d of %d)", who, len(seen), len(expected))
-            if seen >= expected:
-                log.info("every trainer is done; %s exits", t)
-                # The last trainer's enqueue reply and session close are
-                # still in flight; leaving at once made it wait out its RPC
-                # deadline. A launcher's SIGTERM cuts this wait short.
-                stop.wait(_DONE_LINGER)
-                return "done"
-    return "stopped"
-
-
-#: Set by ``tfcluster start`` for its command: a file where :func:`signal_done` notes each ps it told.
-DONE_RECORD_ENV = environment.DONE_RECORD.name
-
-
-def signal_done(cluster: Cluster, task: Optional[Task] = None, timeout: float = 10.0, ps_tasks=None) -> int:
-    """Tell every ps (or those of ``ps_tasks``) that this trainer is done; returns how many ps were told.
-
-    It talks to each ps's own master, so it needs no server of its own and
-    works from a finished script, a launcher, or another terminal.
-    """
-    t = cluster.this_task(task)
-    ps_tasks = list(cluster.tasks(("ps",)) if ps_tasks is None else ps_tasks)
-    states = probe(cluster, ps_tasks, timeout=min(2.0, timeout))
-    if "up" not in states.values():
-        log.debug("no ps of %s is up; none needs a done signal", ", ".join(map(str, ps_tasks)))
-        return 0
-    tf = import_tensorflow()
-    tf1 = tf.compat.v1
-    told = 0
-    for ps in ps_tasks:
-        if states[ps] != "up":
-            log.debug("%s is not up; it needs no done signal", ps)
-            continue
-        graph = tf1.Graph()
-        with graph.as_default():
-            enqueue = _done_queue(ps).enqueue([str(t)])
-        config = tf1.ConfigProto(device_filters=[ps.device], operation_timeout_in_ms=int(timeout * 1000))
-        try:
-            with tf1.Session(f"grpc://{cluster.address(ps)}", graph=graph, config=config) as sess:
-                sess.run(enqueue, options=tf1.RunOptions(timeout_in_ms=int(timeout * 1000)))
-            told += 1
-            _note_told(ps, t)
-        except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError) as e:
-            if probe(cluster, [ps], timeout=1.0)[ps] != "up":
-                # It exited while we spoke: the last token it needed came from elsewhere.
-                log.debug("%s exited before %s's done signal reached it; it needs none", ps, t)
-                continue
-            log.warning("could not tell %s that %s is done: %s", ps, t, summary(e))
-    return told
-
-
-def _note_told(ps: Task, t: Task):
-    path = os.environ.get(DONE_RECORD_ENV)
-    if not path:
-        return
-    try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(f"{ps} {t}\n")
-    except OSError as e:   # the launcher then tells the ps again: slower, not wrong
-        log.debug("cannot note in %s that %s was told: %s", path, ps, e)
-
-
-def told_by_record(path: str, task: Task) -> set:
-    """The ps tasks (as text, ``ps:0``) that a record of :data:`DONE_RECORD_ENV` says were told ``task`` is done."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            pairs = [line.split() for line in f]
-    except OSError:
-        return set()
-    return {p[0] for p in pairs if len(p) == 2 and p[1] == str(task)}

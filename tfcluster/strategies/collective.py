@@ -286,11 +286,11 @@ class CollectiveAllReduceStrategy(Strategy):
     # ------------------------------------------------------------- failures
     def failure(self, error, what: str, waited_for: float) -> CollectiveError:
         """A CollectiveError for ``error`` during ``what``, naming the peers that do not answer."""
-        from ..runtime.server import probe
+        from ..runtime.server import TaskState, probe
         me = self.task
         others = [t for t in self.peers if t != me]
         states = probe(self.cluster, others, timeout=1.0) if others else {}
-        down = [f"{t} at {self.cluster.address(t)}" for t, s in states.items() if s != "up"]
+        down = [f"{t} at {self.cluster.address(t)}" for t, s in states.items() if s is not TaskState.UP]
         # TF's own words ("Collective has timed out waiting for other workers."), not its traceback lines.
         first = summary(error, prefer="Collective")
         if down:

@@ -32,7 +32,7 @@ lines as the interpreter exits. :func:`quiet_late_queue_runners` lets such a
 thread end quietly: the run it served is already over.
 
 **Slow readiness polls** (pitfalls item 4). :func:`fast_ready_polling` makes
-SessionManager poll "is the model ready?" every second instead of every 30 s
+SessionManager poll "is the model ready?" every 0.2 s (tfcluster's READY_POLL_SECS) instead of every 30 s
 when the script did not choose another interval.
 """
 
@@ -92,7 +92,7 @@ def _what_is_lost(creator) -> str:
             "is lost (give a checkpoint_dir to keep it).")
 
 
-def fast_ready_polling(seconds: float = 1.0):
+def fast_ready_polling(seconds: float):
     """Make SessionManager poll for model readiness every ``seconds`` instead of TF's 30."""
     with _lock:
         if "poll" in _patched:
@@ -115,7 +115,7 @@ def fast_ready_polling(seconds: float = 1.0):
     sm.SessionManager.__init__ = __init__
 
 
-def quick_stop(seconds: float = 5.0):
+def quick_stop(seconds: float):
     """Make a closing MonitoredSession wait ``seconds`` (not TF's 120) for its threads, unless the
     script chose another ``stop_grace_period_secs``."""
     with _lock:

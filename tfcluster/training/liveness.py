@@ -20,6 +20,22 @@ from ..graph.step import Hook
 
 log = logging.getLogger("tfcluster")
 
+#: Seconds without the chief's heartbeat after which a worker stops (``chief_timeout_secs``).
+CHIEF_TIMEOUT_SECS = 60.0
+
+
+def heartbeat(train_graph, cluster, name: str, timeout: float = CHIEF_TIMEOUT_SECS, checkpoint_dir=None):
+    """The :class:`ChiefHeartbeat` a trainer of ``cluster`` needs, or None where nobody could miss the chief.
+
+    Only a cluster with ps tasks and several trainers has workers that train
+    what the chief saves; a single trainer, or collective workers that each
+    hold a copy, do not.
+    """
+    if cluster is None or not cluster.num_tasks("ps") or cluster.num_replicas < 2:
+        return None
+    return ChiefHeartbeat(train_graph, cluster.is_chief, name, str(cluster.chief_task), timeout,
+                          checkpoint_dir=checkpoint_dir)
+
 
 class ChiefHeartbeat(Hook):
     """The chief's heartbeat (on the chief), and the watch for it (on every other trainer)."""

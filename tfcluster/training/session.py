@@ -24,7 +24,7 @@ from typing import Optional
 from ..core.duplicates import rerun
 from ..core.errors import ClusterUnreachableError, RecoveryLimitError, StepTimeoutError
 from ..core.tferrors import recoverable, summary
-from ..runtime.server import wait_for_cluster
+from ..runtime.server import TaskState, wait_for_cluster
 from .chief import ChiefStart
 
 log = logging.getLogger("tfcluster")
@@ -33,8 +33,11 @@ log = logging.getLogger("tfcluster")
 CLOSE_TIMEOUT = 3.0
 #: Seconds the final close may take: its tasks are alive, but a loaded machine is slow.
 FINAL_CLOSE_TIMEOUT = 60.0
-#: Seconds a closing session waits for its hooks' threads (TF's MonitoredSession waits 120).
-STOP_GRACE = 5.0
+#: Seconds a closing session waits for its hooks' threads (TF's MonitoredSession waits 120; TF1 mode's too).
+THREAD_GRACE_SECS = 5.0
+#: Seconds between a waiting worker's "is the model ready?" polls (SessionManager's default is 30;
+#: pitfalls item 4): its first step follows the chief's within about a second. TF1 mode's too.
+READY_POLL_SECS = 0.2
 #: Seconds before recreating a lost session: the first wait, doubling with each recovery in a row (a step
 #: that succeeds starts again from the first), and the longest. Ten in a row span 33 s, longer than gRPC
 #: waits before it looks a task's name up again (30 s, its dns_min_time_between_resolutions_ms): a
@@ -86,7 +89,7 @@ class TrainingSession:
 
     def __init__(self, train_graph, *, target: str = "", config=None, is_chief: bool = True, saver=None,
                  checkpoint_dir: Optional[str] = None, extra_local_init=(), cluster=None, name: str = "local",
-                 poll_secs: float = 0.2, startup_timeout: float = 300.0, max_recoveries: int = 10,
+                 poll_secs: float = READY_POLL_SECS, startup_timeout: float = 300.0, max_recoveries: int = 10,
                  init_fn=None, init_feed_dict=None, step_timeout_secs: float = 60.0):
         import tensorflow as tf
         self.tf = tf
@@ -217,7 +220,7 @@ class TrainingSession:
             raise error
         from ..runtime.server import probe
         states = probe(self.cluster, self.cluster.needed_tasks(), timeout=2.0)
-        silent = [f"{t} at {self.cluster.address(t)}" for t, state in states.items() if state != "up"]
+        silent = [f"{t} at {self.cluster.address(t)}" for t, state in states.items() if state is not TaskState.UP]
         if not silent:
             raise StepTimeoutError(
                 f"{self.name}: a step took more than {self.step_timeout_secs:g}s although every task answers; "
@@ -243,7 +246,7 @@ class TrainingSession:
 
     def _join_threads(self, coord):
         try:
-            coord.join(stop_grace_period_secs=STOP_GRACE, ignore_live_threads=True)
+            coord.join(stop_grace_period_secs=THREAD_GRACE_SECS, ignore_live_threads=True)
         except Exception as e:  # a thread's own error (its run cancelled by the close): nothing to report
             log.debug("%s: a session thread ended with %s", self.name, summary(e))
 

@@ -29,15 +29,16 @@ from typing import Callable, Optional
 
 from .. import strategies
 from ..core.checks import seconds, whole_number
-from ..core.errors import ChiefLostError, SpecError
+from ..core.errors import SpecError
 from ..graph.model import make_dataset, split_element
 from ..graph.placement import human_bytes, placement_report
 from ..runtime.checkpoints import prepare_checkpoint_dir
-from ..runtime.server import serve_until_done, signal_done, task_server, wait_for_cluster
+from ..runtime.server import task_server, wait_for_cluster
+from ..runtime.shutdown import done_when_finished, serve_as_ps
 from ..topology.cluster import Cluster
 from .evaluation import local_config, run_evaluator
 from .hooks import CheckpointHook, ProgressHook, SummaryHook, TimelineHook
-from .liveness import ChiefHeartbeat
+from .liveness import CHIEF_TIMEOUT_SECS, heartbeat
 from .loop import run_loop
 from .session import TrainingSession
 from .train_metrics import SharedMetrics, TrainMetricsHook, examples_in, steps_for_epochs
@@ -91,7 +92,7 @@ class FitConfig:
     startup_timeout: float = 300.0
     max_recoveries: int = 10
     step_timeout_secs: float = 60.0
-    chief_timeout_secs: float = 60.0
+    chief_timeout_secs: float = CHIEF_TIMEOUT_SECS
     seed: Optional[int] = None
     log_placement: bool = False
 
@@ -129,8 +130,7 @@ def _play_other_role(cluster, model_fn, eval_input_fn, checkpoint_dir, batch_siz
                               batch_size=batch_size)
         last = evals[-1] if evals else {}
         return FitResult(str(task), int(last.get("global_step") or 0), evaluations=evals)
-    server = task_server(cluster)
-    serve_until_done(server, cluster)
+    serve_as_ps(cluster)
     return None
 
 
@@ -179,17 +179,8 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: Optional[in
         log.info("%s: %d epoch(s) of %d examples: %d global steps of %d examples each", run.name, epochs, examples,
                  steps, strategy.examples_per_step(batch_size))
     run.build(model_fn, input_fn, optimizer, hooks)
-    try:
-        result = run.train(steps)
-    except ChiefLostError:
-        # The ps waits for every trainer's token: give it this worker's, and the chief's, which never comes.
-        signal_done(run.cluster)
-        signal_done(run.cluster, task=run.cluster.chief_task)
-        raise
-    if run.cluster is not None and run.cluster.num_tasks("ps"):
-        told = signal_done(run.cluster)
-        log.debug("%s told %d ps task(s) it is done", run.name, told)
-    return result
+    with done_when_finished(run.cluster):
+        return run.train(steps)
 
 
 class _FitRun:
@@ -269,9 +260,9 @@ class _FitRun:
                 self.session.call, saver, self.checkpoint_dir, train_graph.global_step, name=self.name,
                 save_steps=self.config.save_checkpoint_steps, save_secs=self.config.save_checkpoint_secs)
             hooks.append(self.checkpoints)
-        if self.cluster is not None and self.cluster.num_tasks("ps") and self.cluster.num_replicas > 1:
-            hooks.append(ChiefHeartbeat(train_graph, self.is_chief, self.name, str(self.cluster.chief_task),
-                                        self.config.chief_timeout_secs, checkpoint_dir=self.checkpoint_dir))
+        beat = heartbeat(train_graph, self.cluster, self.name, self.config.chief_timeout_secs, self.checkpoint_dir)
+        if beat is not None:
+            hooks.append(beat)
         if self.metrics:
             hooks.insert(0, TrainMetricsHook(self.metrics, self.name, self.config.log_every_secs, self.is_chief,
                                              self.writer, self.steps_per_epoch, self.epochs))
