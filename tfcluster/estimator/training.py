@@ -18,15 +18,12 @@ import time
 import tensorflow as tf
 
 from ..core.errors import SpecError, TfclusterError
-from ..core.tferrors import summary
-from ..runtime.checkpoints import checkpoint_step, read_done_marker
 from ..runtime.shutdown import done_when_finished, serve_as_ps
+from ..training.evaluator import watch_checkpoints
 
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")
 
-#: The evaluator gives up after this long without a new checkpoint or the chief's done marker.
-EVALUATOR_TIMEOUT_SECS = 600.0
 
 
 class TrainSpec(collections.namedtuple("TrainSpec", ["input_fn", "max_steps", "hooks", "saving_listeners"])):
@@ -131,36 +128,11 @@ def _run_local(estimator, train_spec, eval_spec):
 
 
 def _run_evaluator(estimator, train_spec, eval_spec, poll_secs: float = 1.0):
-    """Evaluate new checkpoints until the final one; bounded by EVALUATOR_TIMEOUT_SECS without news."""
+    """Evaluate the newest checkpoint when due, until the final one (:mod:`tfcluster.training.evaluator`)."""
     evaluations = _Evaluations(estimator, eval_spec)
-    model_dir = estimator.model_dir
-    log.info("evaluator watches %s (first evaluation after %gs, then at most every %gs)", model_dir,
-             eval_spec.start_delay_secs, eval_spec.throttle_secs)
-    started = last_news = time.monotonic()
-    done_seen, evaluated, seen = False, None, None
-    while True:
-        done = read_done_marker(model_dir) is not None
-        latest = estimator.latest_checkpoint()
-        now = time.monotonic()
-        if latest != seen:
-            seen, last_news = latest, now
-        step = checkpoint_step(latest) if latest else None
-        final = done or (train_spec.max_steps is not None and step is not None and step >= train_spec.max_steps)
-        due = now - started >= eval_spec.start_delay_secs and now - evaluations.last_at >= eval_spec.throttle_secs
-        if latest and latest != evaluated and (due or final):
-            try:
-                evaluations(latest, final)
-                evaluated = latest
-            except (tf.errors.NotFoundError, TfclusterError) as e:   # rotated away by the chief meanwhile
-                log.warning("evaluator: skipped %s (%s)", os.path.basename(latest), summary(e))
-                evaluated = latest
-        if final and (latest == evaluated or latest is None):
-            log.info("evaluator: training is done (global step %s); exiting", step)
-            return evaluations.result, evaluations.exports
-        if done and not done_seen:
-            done_seen = True
-            continue
-        if time.monotonic() - last_news > EVALUATOR_TIMEOUT_SECS:
-            raise TfclusterError(f"evaluator: no new checkpoint in {model_dir} for {EVALUATOR_TIMEOUT_SECS:g}s "
-                                 "and no done marker; is training running?")
-        time.sleep(poll_secs)
+    log.info("evaluator: first evaluation after %gs, then at most every %gs", eval_spec.start_delay_secs,
+             eval_spec.throttle_secs)
+    watch_checkpoints(estimator.model_dir, evaluations, poll_secs=poll_secs, newest_only=True,
+                      start_delay_secs=eval_spec.start_delay_secs, throttle_secs=eval_spec.throttle_secs,
+                      final_step=train_spec.max_steps)
+    return evaluations.result, evaluations.exports

@@ -26,6 +26,7 @@ from ..training.hooks import CheckpointHook, SummaryHook
 from ..training.liveness import heartbeat
 from ..training.loop import run_loop
 from ..training.session import TrainingSession
+from ..training.timer import Every
 from .calls import call_input_fn, call_model_fn
 from .spec import ModeKeys
 
@@ -38,26 +39,24 @@ class StepLogHook(Hook):
     """TF 1.x Estimator's lines: ``loss = ..., step = ...`` every N steps, and global steps per second."""
 
     def __init__(self, name: str, every_steps: int, writer=None):
-        self.name, self.every_steps, self.writer = name, every_steps, writer
+        self.name, self.writer = name, writer
         self.local_steps = 0
-        self.first_gs = self.last_gs = None
-        self._t = self._t0 = None
+        self.last_gs = None
+        self._every = Every(steps=every_steps)
+        self._every.mark(0)
 
     def after_run(self, run_context, run_values):
         """Count the step; every N steps, one line with the loss and the pace."""
-        now = time.monotonic()
-        if self._t is None:
-            self._t = self._t0 = now
-            self.first_gs = run_values.global_step
         self.local_steps += 1
         self.last_gs = run_values.global_step
         if run_values.loss != run_values.loss:
             raise tf1.train.NanLossDuringTrainingError()
-        if self.every_steps and self.local_steps % self.every_steps == 0:
-            rate = self.every_steps / max(now - self._t, 1e-9)
+        if self._every.due(self.local_steps):
+            seconds = max(time.monotonic() - self._every.last_time, 1e-9)
+            rate = (self.local_steps - self._every.last_step) / seconds
             log.info("%s loss = %g, step = %d (%.1f local steps/s)", self.name, run_values.loss,
                      run_values.global_step, rate)
-            self._t = now
+            self._every.mark(self.local_steps)
 
     def end(self, session):
         """One closing line: the steps this task ran, and the global step it ended at."""

@@ -14,16 +14,8 @@ import abc
 import contextlib
 from typing import Callable, Optional
 
-from ..graph.model import (
-    InputContext,
-    Mode,
-    ReplicaContext,
-    call_model_fn,
-    compute_gradients,
-    make_optimizer,
-    metric_updates,
-    replica_loss,
-)
+from ..graph.model import (InputContext, Mode, ReplicaContext, call_model_fn, compute_gradients, make_optimizer,
+                           metric_updates, replica_loss)
 from ..graph.step import TrainGraph
 from .towers import Towers
 

@@ -28,13 +28,8 @@ from typing import Optional
 
 from ..core.checks import seconds, whole_number
 from ..core.errors import SpecError
-from ..graph.placement import (
-    MAX_SHARD_BYTES,
-    ByteBalancedSetter,
-    check_max_shard_bytes,
-    partition_big_variables,
-    partitioning_getter,
-)
+from ..graph.placement import (MAX_SHARD_BYTES, ByteBalancedSetter, check_max_shard_bytes, partition_big_variables,
+                               partitioning_getter)
 from ..graph.step import StepRunner, TrainGraph, global_step_after
 from ..graph.wire import Wire, resolve_wire
 from .base import Strategy, build_single_replica

@@ -10,20 +10,12 @@ done marker appears.
 
 import logging
 import os
-import time
 from typing import Optional
 
 from ..core.errors import ModelFnError, SpecError, TfclusterError
 from ..graph.model import InputContext, Mode, call_model_fn, make_dataset, per_example_losses, split_element
-from ..runtime.checkpoints import (
-    CheckpointUnreadable,
-    checkpoint_exists,
-    checkpoint_step,
-    checkpoints_in,
-    read_done_marker,
-    resolve_checkpoint,
-    restore_error,
-)
+from ..runtime.checkpoints import checkpoint_step, resolve_checkpoint, restore_error
+from .evaluator import EVALUATOR_TIMEOUT_SECS, watch_checkpoints
 from .hooks import scalar_summary
 
 log = logging.getLogger("tfcluster")
@@ -131,14 +123,15 @@ def predict(model_fn, input_fn, checkpoint, *, batch_size: Optional[int] = None)
 
 
 # ---------------------------------------------------------------- evaluator
-def run_evaluator(model_fn, input_fn, checkpoint_dir, *, timeout_secs: float = 600.0, poll_secs: float = 1.0,
-                  steps: Optional[int] = None, batch_size: Optional[int] = None) -> list:
+def run_evaluator(model_fn, input_fn, checkpoint_dir, *, timeout_secs: float = EVALUATOR_TIMEOUT_SECS,
+                  poll_secs: float = 1.0, steps: Optional[int] = None, batch_size: Optional[int] = None) -> list:
     """Evaluate each new checkpoint in ``checkpoint_dir`` until the chief's done marker appears.
 
     The evaluator is outside the training cluster (nobody waits for it,
     pitfalls item 12). It logs one metric line per checkpoint, writes eval
     summaries to ``checkpoint_dir/eval``, and returns the list of results.
-    It gives up when ``timeout_secs`` pass without a new checkpoint.
+    It gives up when ``timeout_secs`` pass without a new checkpoint
+    (:func:`tfcluster.training.evaluator.watch_checkpoints`).
     """
     import tensorflow as tf
     if not checkpoint_dir:
@@ -147,44 +140,19 @@ def run_evaluator(model_fn, input_fn, checkpoint_dir, *, timeout_secs: float = 6
     g = _EvalGraph(model_fn, input_fn, Mode.EVAL, batch_size)
     with g.graph.as_default():
         writer = tf.compat.v1.summary.FileWriter(os.path.join(checkpoint_dir, "eval"))
-    seen, results = set(), []
-    last_new = time.monotonic()
-    log.info("evaluator watches %s (gives up after %gs without a new checkpoint)", checkpoint_dir, timeout_secs)
+    results = []
+
+    def evaluate(path, final):
+        metrics = g.evaluate(path, steps)
+        metrics["checkpoint"] = path
+        results.append(metrics)
+        shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k not in ("global_step", "batches", "checkpoint"))
+        log.info("evaluator: %s (global step %s): %s", os.path.basename(path), metrics["global_step"], shown)
+        writer.add_summary(scalar_summary({k: v for k, v in metrics.items() if isinstance(v, float)}),
+                           metrics["global_step"] or 0)
+        writer.flush()
     try:
-        while True:
-            done = read_done_marker(checkpoint_dir)
-            new = [p for p in checkpoints_in(checkpoint_dir) if p not in seen]
-            for path in new:
-                if not checkpoint_exists(path):
-                    seen.add(path)  # already rotated away by the chief
-                    continue
-                try:
-                    metrics = g.evaluate(path, steps)
-                except CheckpointUnreadable as e:
-                    log.warning("evaluator: skipped %s: %s", os.path.basename(path), str(e).split(": ", 1)[-1]
-                                if "cannot be read" in str(e) else "it vanished while it was read (rotated away)")
-                    seen.add(path)
-                    continue
-                seen.add(path)
-                last_new = time.monotonic()
-                metrics["checkpoint"] = path
-                results.append(metrics)
-                shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items()
-                                 if k not in ("global_step", "batches", "checkpoint"))
-                log.info("evaluator: %s (global step %s): %s", os.path.basename(path), metrics["global_step"],
-                         shown)
-                writer.add_summary(scalar_summary({k: v for k, v in metrics.items()
-                                                    if isinstance(v, float)}), metrics["global_step"] or 0)
-                writer.flush()
-            if done is not None:
-                final = done.get("checkpoint")
-                final = final if final is None or os.path.isabs(final) else os.path.join(checkpoint_dir, final)
-                if final is None or final in seen:
-                    log.info("evaluator: training is done (global step %s); exiting", done.get("global_step"))
-                    return results
-            if time.monotonic() - last_new > timeout_secs:
-                raise TfclusterError(f"evaluator: no new checkpoint in {checkpoint_dir} for {timeout_secs:g}s "
-                                     "and no done marker; is training running?")
-            time.sleep(poll_secs)
+        watch_checkpoints(checkpoint_dir, evaluate, timeout_secs=timeout_secs, poll_secs=poll_secs)
     finally:
         writer.close()
+    return results

@@ -15,6 +15,7 @@ from ..core.errors import CheckpointSaveError
 from ..core.tferrors import summary
 from ..graph.step import Hook, RunArgs
 from ..runtime.checkpoints import CHECKPOINT_NAME, remove_partial, write_done_marker
+from .timer import Every
 
 log = logging.getLogger("tfcluster")
 
@@ -48,8 +49,8 @@ class CheckpointHook(Hook):
         self._read = None
         # A period counts from the last attempt (a failed save tries again a period later, not every step);
         # the final save is skipped only when the last attempt at this step succeeded.
-        self._step = self._tried_step = self._saved_step = None
-        self._tried_time = time.monotonic()
+        self._every = Every(steps=save_steps, secs=save_secs or None)
+        self._step = self._saved_step = None
         self._finished = True       # False after interrupted(): no done marker, the run comes back
 
     def begin(self):
@@ -59,8 +60,8 @@ class CheckpointHook(Hook):
     def after_create_session(self, session, coord):
         """Start counting from the step the session holds (restored or initialised)."""
         if self._step is None:
-            self._step = self._tried_step = self._saved_step = int(session.run(self._read))
-            self._tried_time = time.monotonic()
+            self._step = self._saved_step = int(session.run(self._read))
+            self._every.mark(self._step)
 
     def save(self, step: int, final: bool = False) -> Optional[str]:
         """Write ``model.ckpt-<step>`` now; returns its path.
@@ -71,7 +72,7 @@ class CheckpointHook(Hook):
         """
         prefix = os.path.join(self.checkpoint_dir, CHECKPOINT_NAME)
         log.debug("%s saving checkpoint %s-%d", self.name, CHECKPOINT_NAME, step)
-        self._tried_step, self._tried_time = step, time.monotonic()
+        self._every.mark(step)
         try:
             path = self._call(lambda s: self.saver.save(s, prefix, global_step=step, write_meta_graph=False))
         except (OSError, _op_error()) as e:
@@ -99,8 +100,7 @@ class CheckpointHook(Hook):
         self._step = gs = run_values.global_step
         if gs >= run_context.last_step:
             return
-        if (self.save_steps and gs - self._tried_step >= self.save_steps) or \
-                (self.save_secs and time.monotonic() - self._tried_time >= self.save_secs):
+        if self._every.due(gs):
             self.save(gs)
 
     def end(self, session):
@@ -115,11 +115,13 @@ class SummaryHook(Hook):
     """TensorBoard summaries: ``summary_op`` every ``every_steps`` of this process's steps."""
 
     def __init__(self, writer, summary_op, every_steps: int):
-        self.writer, self.summary_op, self.every_steps = writer, summary_op, every_steps
+        self.writer, self.summary_op = writer, summary_op
+        self._every = Every(steps=every_steps, at_first=True)
 
     def before_run(self, run_context):
         """Fetch the summary with every ``every_steps``-th step (the first included)."""
-        if run_context.local_steps % self.every_steps == 0:
+        if self._every.due(run_context.local_steps):
+            self._every.mark(run_context.local_steps)
             return RunArgs(self.summary_op)
         return None
 
@@ -164,7 +166,8 @@ class ProgressHook(Hook):
         """The clock starts when the first session is ready."""
         if self._t0 is None:
             self._t0 = self._window_t = time.monotonic()
-            self._next_log = self._t0 + self.every_secs
+            self._every = Every(secs=self.every_secs, clock=lambda: time.monotonic())
+            self._every.mark(0)
             self._window = [0.0, 0, 0]      # loss sum, losses counted, steps
 
     def after_run(self, run_context, run_values):
@@ -183,7 +186,7 @@ class ProgressHook(Hook):
             log.info("%s first step done %.1fs after start, global step %d", self.name, now - self.started,
                      run_values.global_step)
             log.debug("%s first step done at t=%.3f", self.name, self.first_step_at)
-        if now >= self._next_log:
+        if self._every.due(self.steps):
             self._log_window(now, run_values.global_step)
 
     def _how_far(self, now, gs) -> str:
@@ -204,7 +207,8 @@ class ProgressHook(Hook):
                  self._how_far(now, gs), loss, sps, sps * self.batch)
         if self.writer is not None:
             self.writer.add_summary(scalar_summary({"steps_per_sec": sps, "examples_per_sec": sps * self.batch}), gs)
-        self._window, self._window_t, self._next_log = [0.0, 0, 0], now, now + self.every_secs
+        self._window, self._window_t = [0.0, 0, 0], now
+        self._every.mark(self.steps)
 
     @property
     def steps_per_sec(self) -> float:
@@ -232,18 +236,16 @@ class TimelineHook(Hook):
     """
 
     def __init__(self, every_secs: float = 0.5):
-        self.every_secs = every_secs
         self.marks = []
-        self._next = 0.0
+        self._every = Every(secs=every_secs, at_first=True)
         self._steps = 0
 
     def after_run(self, run_context, run_values):
         """Note the step count when a period has passed."""
         self._steps += 1
-        now = time.monotonic()
-        if now >= self._next:
+        if self._every.due(self._steps):
             self.marks.append((time.time(), self._steps))
-            self._next = now + self.every_secs
+            self._every.mark(self._steps)
 
     def end(self, session):
         """The last mark."""

@@ -15,12 +15,12 @@ steps, where a step consumes :meth:`Strategy.examples_per_step` examples.
 
 import logging
 import math
-import time
 
 from ..core.errors import SpecError
 from ..graph.model import InputContext, make_dataset
 from ..graph.step import Hook, RunArgs
 from .hooks import scalar_summary
+from .timer import Every
 
 log = logging.getLogger("tfcluster")
 
@@ -91,12 +91,13 @@ class TrainMetricsHook(Hook):
                  steps_per_epoch=None, epochs=None):
         self.metrics, self.name, self.every_secs, self.chief = metrics, name, every_secs, chief
         self.writer, self.steps_per_epoch, self.epochs = writer, steps_per_epoch, epochs
-        self._next = time.monotonic() + every_secs
+        self._every = Every(secs=every_secs)
+        self._every.mark(0)
         self._epoch = None
 
     def before_run(self, run_context):
         """Fetch the values with the step when a report is due."""
-        if time.monotonic() >= self._next:
+        if self._every.due(run_context.local_steps):
             return RunArgs(self.metrics.values)
         return None
 
@@ -104,7 +105,7 @@ class TrainMetricsHook(Hook):
         """Report what was fetched; at an epoch's end the chief reports the epoch and resets the totals."""
         gs = run_values.global_step
         if run_values.results is not None:
-            self._next = time.monotonic() + self.every_secs
+            self._every.mark(run_context.local_steps)
             log.info("%s step %d train %s", self.name, gs, _format(run_values.results))
             self._write(run_values.results, gs)
         if not (self.chief and self.steps_per_epoch):
