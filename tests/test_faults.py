@@ -250,6 +250,35 @@ def test_a_sync_run_without_a_backup_names_the_killed_worker_and_gives_up_instea
     assert 6 <= int(e.group(1)) and t_end - t_kill < 30
 
 
+@pytest.mark.timeout(240)
+def test_a_stopped_worker_under_sync_replicas_optimizer_is_named_within_the_stall_period_then_given_up_on(
+        procs, tmp_path, reliability):
+    """An unchanged TF 1.x script: MonitoredTrainingSession, SyncReplicasOptimizer and its hook, TF1 mode.
+
+    TensorFlow's waits there (a worker's token, the chief's take_grad) had no
+    timeout: a worker that stopped answering froze the others for ever, silently.
+    """
+    script = os.path.join(HERE, "legacy", "sync_replicas_loop.py")
+    run = Stream(procs.start(TFCLUSTER + ["local", "--tf1", "--ps", "1", "--workers", "1", "--chief",
+                                          "--stop-grace", "2", "--log-dir", str(tmp_path / "logs"), "--timeout",
+                                          "200", "--", "python", script, "--steps", "1000000", "--step-sleep", "0.05"],
+                             env=base_env(TFCLUSTER_SYNC_STALL_SECS="2", TFCLUSTER_SYNC_TIMEOUT_SECS="8"),
+                             cwd=str(tmp_path)), "tfcluster local")
+    run.wait_for(r"\[worker:0\] worker:0 step (?:[2-9]\d|\d{3,})$", 150)
+    victim = tfcluster_pids(run, "worker:0")[0]
+    t_stop = time.monotonic()
+    os.kill(victim, signal.SIGSTOP)         # a hung host: the process is there, and answers nothing
+    t_warn, m = run.wait_for(r"\[chief:0\] .*chief:0 has waited (\d+)s on sync step (\d+): 1 of 2 gradient\(s\) "
+                             r"in \(chief:0\); not yet from worker:0 \(last step (\d+)\)", 30, after=t_stop)
+    assert int(m.group(3)) == int(m.group(2)) - 1       # worker:0 pushed the step before, then stopped
+    t_err, e = run.wait_for(r"\[chief:0\] .*error: sync step stalled for (\d+)s \(stall_timeout_secs=8\): "
+                            r"1 of 2 gradient\(s\) in \(chief:0\); not yet from worker:0", 60, after=t_warn)
+    assert run.finish(timeout=60) == 3                 # the chief's exit: a peer lost (exits.py)
+    reliability("SyncReplicasOptimizer, a stopped worker: seconds to the chief naming it", t_warn - t_stop, "s")
+    reliability("SyncReplicasOptimizer, a stopped worker: seconds to giving up (timeout 8 s)", t_err - t_stop, "s")
+    assert t_warn - t_stop < 10 and 8 <= int(e.group(1)) and t_err - t_stop < 30
+
+
 # ================================================== kill during a checkpoint save
 KILLS = 3
 

@@ -36,7 +36,7 @@ LAYERS = [
     [("data", [["data.pipeline", "data.loaders"], ["data"]])],
     [("graph", [["graph.model", "graph.placement", "graph.wire", "graph.step"], ["graph"]])],
     [("strategies", [["strategies.towers"], ["strategies.base"],
-                     ["strategies.local", "strategies.mirrored", "strategies.sync"],
+                     ["strategies.local", "strategies.mirrored", "strategies.sync"], ["strategies.sync_run"],
                      ["strategies.parameter_server", "strategies.collective", "strategies.sync_replicas"],
                      ["strategies"]])],
     [("training", [["training.timer", "training.evaluator"], ["training.hooks", "training.liveness"], ["training.chief"], ["training.session"],

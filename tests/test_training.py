@@ -281,8 +281,8 @@ def test_a_step_falsely_rejected_as_a_duplicate_is_rerun_and_other_aborts_are_no
 @pytest.mark.parametrize("applied", [False, True], ids=["before the apply", "after the apply"])
 def test_a_sync_chief_step_falsely_rejected_is_run_again_only_if_it_was_not_applied(caplog, applied):
     # The chief pushes, waits and applies in one run; the step's callables stand in for that run.
-    from tfcluster.strategies.sync import SyncRunner
-    runner = object.__new__(SyncRunner)
+    from tfcluster.strategies.sync_run import SyncWaits
+    waits = object.__new__(SyncWaits)
     runs, global_step = [], [7]
 
     def first(options=None):
@@ -293,13 +293,13 @@ def test_a_sync_chief_step_falsely_rejected_is_run_again_only_if_it_was_not_appl
             raise tf.errors.AbortedError(None, None, "The same RunGraph (Worker) request was received twice.")
         global_step[0] = 8
         return 8, 0.25
-    runner.chief, runner.steps_done, runner.options, runner.tf = True, 0, None, tf
-    runner._first = first
-    runner._report = lambda: (7, global_step[0], [7, 7])
-    runner._settle = lambda: global_step[0]
-    runner._loss_now = lambda: 0.5
-    result = runner.step()
-    assert result.global_step == 8
+    waits.chief, waits.steps_done, waits.options, waits.tf = True, 0, None, tf
+    waits._first = first
+    waits._report = lambda: (7, global_step[0], [7, 7])
+    waits._settle = lambda: global_step[0]
+    waits._loss_now = lambda: 0.5
+    got, loss, _, _ = waits.run()
+    assert got == 8
     assert len(runs) == (1 if applied else 2)            # never applied twice
-    assert result.loss == (0.5 if applied else 0.25)
+    assert loss == (0.5 if applied else 0.25)
     assert ("after the global step moved on" in caplog.text) == applied

@@ -51,14 +51,18 @@ DONE_RECORD = Variable("TFCLUSTER_DONE_RECORD", "tfcluster start, for its comman
 TF_CHECKED = Variable("TFCLUSTER_TF_CHECKED", "tfcluster, once it checked the installed TensorFlow",
                       "the tasks a command starts do not repeat the TensorFlow install warnings")
 DEBUG = Variable("TFCLUSTER_DEBUG", "you", "1: tfcluster's debug lines, everywhere")
+SYNC_STALL_SECS = Variable("TFCLUSTER_SYNC_STALL_SECS", "you",
+                           "seconds a sync step waits before it names the workers it waits for (default 30)")
+SYNC_TIMEOUT_SECS = Variable("TFCLUSTER_SYNC_TIMEOUT_SECS", "you",
+                             "seconds a sync step waits for a missing worker before it stops (default 600)")
 TF1_READY_POLL_SECS = Variable("TFCLUSTER_TF1_READY_POLL_SECS", "you",
                                "TF1 mode: seconds between 'is the model ready?' polls (TF's default is 30)")
 TF1_STOP_GRACE_SECS = Variable("TFCLUSTER_TF1_STOP_GRACE_SECS", "you",
                                "TF1 mode: seconds a closing MonitoredSession waits for its threads (TF's is 120)")
 
 #: Every variable of the table.
-VARIABLES = (STRATEGY, WIRE, RUN_ID, RESTART_COUNT, DONE_RECORD, TF_CHECKED, DEBUG, TF1_READY_POLL_SECS,
-             TF1_STOP_GRACE_SECS)
+VARIABLES = (STRATEGY, WIRE, RUN_ID, RESTART_COUNT, DONE_RECORD, TF_CHECKED, DEBUG, SYNC_STALL_SECS,
+             SYNC_TIMEOUT_SECS, TF1_READY_POLL_SECS, TF1_STOP_GRACE_SECS)
 
 
 def option_variable(flag: str) -> str:

@@ -22,6 +22,8 @@ from ..core.errors import ModelFnError, TfclusterError
 from ..graph.placement import ByteBalancedSetter
 from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..runtime.server import task_server, wait_for_cluster
+from ..strategies.sync_replicas import FINISH_COLLECTION
+from ..strategies.sync_run import FinishingRunner
 from ..training.hooks import CheckpointHook, SummaryHook
 from ..training.liveness import heartbeat
 from ..training.loop import run_loop
@@ -175,7 +177,9 @@ def _build(estimator, input_fn, cluster):
     with tf1.device(setter):
         spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, estimator.params, config)
         fetch = global_step_after([spec.train_op], global_step)
-    return TrainGraph(StepRunner(fetch, spec.loss), global_step, spec.loss), spec, init_local
+    finishes = tf1.get_collection(FINISH_COLLECTION)        # a SyncReplicasOptimizer's train op only pushes
+    runner = FinishingRunner(fetch, spec.loss, finishes) if finishes else StepRunner(fetch, spec.loss)
+    return TrainGraph(runner, global_step, spec.loss), spec, init_local
 
 
 def _session(estimator, train_graph, spec, init_local, server, cluster, name, hooks, saving_listeners):

@@ -24,6 +24,11 @@ log = logging.getLogger("tfcluster")
 _PROXY_VARS = ("grpc_proxy", "https_proxy", "http_proxy", "GRPC_PROXY", "HTTPS_PROXY", "HTTP_PROXY")
 
 
+#: Seconds between a waiting worker's "is the model ready?" polls (SessionManager's default is 30;
+#: pitfalls item 4): its first step follows the chief's within about a second. TF1 mode's too.
+READY_POLL_SECS = 0.2
+
+
 class TaskState(str, enum.Enum):
     """What a probe found at a task's address (a string too: ``probe(...)[task] == "up"`` still holds)."""
 

@@ -10,7 +10,8 @@ one :func:`register` line below.
 - :mod:`.local`: one process, no cluster: the reference the others are tested against;
 - :mod:`.mirrored`: in-graph towers, mirrored or with variables on the CPU (central storage);
 - :mod:`.parameter_server`: between-graph replication over ps tasks, async or sync;
-- :mod:`.sync`: the synchronous step: one gradient per distinct worker, every wait bounded and named;
+- :mod:`.sync`: the synchronous step's graph: one gradient per distinct worker;
+- :mod:`.sync_run`: running it, every wait bounded and named;
 - :mod:`.sync_replicas`: TF 1.x's ``SyncReplicasOptimizer`` API on that same step;
 - :mod:`.collective`: between-graph all-reduce with no ps (MultiWorkerMirroredStrategy).
 """

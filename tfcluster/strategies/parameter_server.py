@@ -26,14 +26,15 @@ the ps keeps and updates float32 (:mod:`tfcluster.graph.wire`).
 import contextlib
 from typing import Optional
 
-from ..core.checks import seconds, whole_number
+from ..core.checks import whole_number
 from ..core.errors import SpecError
 from ..graph.placement import (MAX_SHARD_BYTES, ByteBalancedSetter, check_max_shard_bytes, partition_big_variables,
                                partitioning_getter)
 from ..graph.step import StepRunner, TrainGraph, global_step_after
 from ..graph.wire import Wire, resolve_wire
 from .base import Strategy, build_single_replica
-from .sync import SyncBuilder
+from .sync import SyncGraph
+from .sync_run import SyncRunner, stall_defaults
 
 MODES = ("async", "sync")
 
@@ -55,7 +56,7 @@ class ParameterServerStrategy(Strategy):
 
     def __init__(self, mode: str = "async", replicas_to_aggregate: Optional[int] = None,
                  partition_min_bytes: Optional[int] = None, max_shard_bytes: Optional[int] = MAX_SHARD_BYTES,
-                 stall_warn_secs: float = 30.0, stall_timeout_secs: Optional[float] = 600.0,
+                 stall_warn_secs: Optional[float] = None, stall_timeout_secs: Optional[float] = None,
                  backups: Optional[int] = None, towers=None, wire: Optional[str] = None):
         super().__init__(towers)
         self.wire = Wire(resolve_wire(wire), receiver=None)
@@ -68,15 +69,12 @@ class ParameterServerStrategy(Strategy):
             raise SpecError("give replicas_to_aggregate or backups, not both (backups = workers - "
                             "replicas_to_aggregate)")
         self.backups = whole_number("backups", backups, optional=True)
-        seconds("stall_warn_secs", stall_warn_secs)
-        seconds("stall_timeout_secs", stall_timeout_secs, optional=True)
         self.mode = mode
         self._replicas_to_aggregate = replicas_to_aggregate
         check_max_shard_bytes(max_shard_bytes)
         self.partition_min_bytes = partition_min_bytes
         self.max_shard_bytes = max_shard_bytes
-        self.stall_warn_secs = float(stall_warn_secs)
-        self.stall_timeout_secs = stall_timeout_secs
+        self.stall_warn_secs, self.stall_timeout_secs = stall_defaults(stall_warn_secs, stall_timeout_secs)
         self.setter = None
         self.name = f"ps-{mode}"
 
@@ -164,4 +162,10 @@ class ParameterServerStrategy(Strategy):
                 train = opt.apply_gradients(grads, global_step=gs)
                 fetch = global_step_after([train] + update_ops, gs)
                 return TrainGraph(StepRunner(fetch, mean), gs, mean, model=out)
-        return SyncBuilder(self, gs, opt, mean, grads, update_ops).build(out)
+        graph = SyncGraph(self.cluster.trainers(), self.worker_index, self.replicas_to_aggregate, gs, grads,
+                          lambda aggregated: opt.apply_gradients(aggregated, global_step=gs), self.task.device,
+                          loss=mean, update_ops=update_ops)
+        runner = SyncRunner(graph, self.stall_warn_secs, self.stall_timeout_secs)
+        chief_init = graph.chief_init_ops() if self.is_chief else []
+        return TrainGraph(runner, gs, mean, local_init_ops=[graph.local_step_init], chief_local_init_ops=chief_init,
+                          state_variables=graph.state_variables, model=out)

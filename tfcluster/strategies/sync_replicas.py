@@ -1,41 +1,56 @@
-"""TF 1.x's ``SyncReplicasOptimizer``, with each step made of distinct workers' gradients.
+"""TF 1.x's ``SyncReplicasOptimizer`` on tfcluster's sync step: one gradient per distinct worker, every wait bounded.
 
 TensorFlow's SyncReplicasOptimizer aggregates ``replicas_to_aggregate``
-*gradients*, not workers (docs/pitfalls.md, item 5): its workers share one
-token queue, which starts with R tokens, so a fast worker takes the tokens
-meant for the others and fills a step with its own repeated gradients while
-they are still starting. Its result then differs from one process on the
-global batch, silently.
+*gradients*, not workers (docs/pitfalls.md, item 5), and its waits (a worker's
+token, the chief's ``take_grad``) have no timeout: a worker that dies stalls
+every other one, silently, for ever. This class has the same API
+(``minimize``, ``apply_gradients``, ``make_session_run_hook``,
+``get_chief_queue_runner``, ``chief_init_op``...), so TF 1.x programs,
+Estimator ``model_fn``\\ s and slim use it unchanged (TF1 mode and
+``tfcluster.estimator`` give it as ``tf.train.SyncReplicasOptimizer``), and it
+builds ``fit``'s sync step (:mod:`.sync`):
 
-:class:`SyncReplicasOptimizer` has the same API and the same hook
-(``make_session_run_hook``, ``get_chief_queue_runner``, ``chief_init_op``...),
-so TF 1.x programs and Estimator ``model_fn``s use it unchanged (TF1 mode and
-``tfcluster.estimator`` give it as ``tf.train.SyncReplicasOptimizer``). What
-differs is the tokens (:class:`FairSync`): each worker has its own token
-queue, the chief puts one token in each after every update (only into an
-empty queue), and no token is handed out before the first update. A worker
-therefore contributes at most one gradient to each step, and with every worker
-aggregated the run computes exactly what one process computes on the global
-batch. A worker's next step reads the step counter afresh, so one that fell
-behind (a backup) rejoins the current step. :func:`for_keras` gives a tf-keras
-optimizer the same steps.
+- the train op pushes this worker's gradients into its own slots on the ps;
+- every run in which this worker pushed is followed, inside ``Session.run``,
+  by the step's wait (:class:`~.sync_run.SyncFinish`): a worker waits until
+  the chief applied the step; the chief waits for R distinct workers'
+  gradients and applies them once. Each wait is bounded: after
+  ``stall_warn_secs`` it names the workers that have not pushed, after
+  ``stall_timeout_secs`` it stops with :class:`~tfcluster.core.errors.SyncStallError`;
+- no thread of the chief's applies updates: ``get_chief_queue_runner`` gives
+  a runner that ends at once, and ``get_init_tokens_op`` a no-op.
 
-A worker finds its own queue from TF_CONFIG (which tfcluster gives every
-task) or, without one, from the device its ops are placed on
+With every worker aggregated, the run computes exactly what one process
+computes on the global batch. A worker finds its place among the trainers from
+TF_CONFIG or, without one, from the device its ops are placed on
 (``/job:worker/task:k``, as ``replica_device_setter`` places them).
 """
 
+import logging
 import re
+import threading
+import time
 
 import tensorflow as tf
 from tensorflow.python.training import sync_replicas_optimizer as _tf_sync
 
+from ..core.errors import SpecError, SyncStallError
+from ..runtime.server import READY_POLL_SECS
+from ..topology.cluster import Cluster
+from .sync import SyncGraph
+from .sync_run import SyncFinish, stall_defaults
+
 tf1 = tf.compat.v1
+log = logging.getLogger("tfcluster")
+
+#: The graph collection that holds each SyncReplicasOptimizer's :class:`~.sync_run.SyncFinish`.
+FINISH_COLLECTION = "tfcluster_sync_finish"
+#: Threads whose runs never push (input queue runners, tfcluster's own): no wait is looked for after them.
+_QUIET_THREADS = ("QueueRunnerThread-", "tfcluster-")
 
 
 def trainer_index(anchor_device: str, total: int) -> int:
     """This worker's index among the ``total`` trainers (chief first)."""
-    from ..topology.cluster import Cluster
     try:
         cluster = Cluster.from_environment()
     except Exception:  # a TF_CONFIG this process does not train in: fall back to the device
@@ -48,144 +63,209 @@ def trainer_index(anchor_device: str, total: int) -> int:
     return min(int(m.group(2)), total - 1)
 
 
-class FairSync:
-    """The graph of a fair sync step for any optimizer: accumulators, one token queue per worker.
-
-    ``apply(aggregated grads_and_vars)`` builds the real update (it must
-    increase ``step``); ``train_op`` is this worker's step (push, wait for its
-    token), ``sync_op`` the chief's (take R gradients, apply, one token each).
-    """
-
-    def __init__(self, grads_and_vars, apply, step, replicas_to_aggregate: int, total: int, me: int,
-                 name: str = "sync_replicas"):
-        self.step, self.r, self.total, self.me = step, replicas_to_aggregate, total, me
-        self.accumulators = []
-        anchor = tf.no_op()      # lands where the device functions put this worker's ops
-        with tf1.device(anchor.device):
-            self.local_step = tf1.Variable(0, trainable=False, collections=[tf1.GraphKeys.LOCAL_VARIABLES],
-                                           dtype=step.dtype.base_dtype, name="sync_rep_local_step")
-        self.local_step_init_op = tf1.assign(self.local_step, step)
-        with tf1.name_scope(None, name):
-            pushes, aggregated = self._accumulate(grads_and_vars)
-            with tf1.device(step.device), tf1.name_scope(""):
-                update = apply(aggregated)
-                self.queues = [tf1.FIFOQueue(2, step.dtype.base_dtype, shapes=(), name=f"sync_token_q_{i}",
-                                             shared_name=f"tfcluster_sync_token_q_{i}") for i in range(total)]
-                with tf.control_dependencies(pushes):
-                    token = self.queues[min(me, total - 1)].dequeue()
-                with tf.control_dependencies([token]):
-                    # The step after the update, read now: a token that waited does not hold an old step.
-                    self.train_op = tf1.assign(self.local_step, tf.identity(step))
-                with tf.control_dependencies([update]):
-                    self.sync_op = tf.group(*[self._wake(q) for q in self.queues])
-        inits = [self.local_step_init_op]
-        for accum, device in self.accumulators:
-            with tf1.device(device):
-                inits.append(accum.set_global_step(step, name="SetGlobalStep"))
-        self.chief_init_op = tf.group(*inits)
-        self.queue_runner = tf1.train.QueueRunner(self.queues[0], [self.sync_op])
-        self._coord = None
-
-    def _accumulate(self, grads_and_vars):
-        """Each gradient into its variable's accumulator; ``(pushes, aggregated (grad, var) pairs)``."""
-        pushes, aggregated = [], []
-        for grad, var in grads_and_vars:
-            with tf1.device(var.device):
-                if grad is None:
-                    aggregated.append((None, var))
-                    continue
-                if isinstance(grad, tf.IndexedSlices):
-                    accum = tf1.SparseConditionalAccumulator(grad.dtype, shape=(),
-                                                             shared_name=var.name + "/grad_accum")
-                    pushes.append(accum.apply_indexed_slices_grad(grad, local_step=self.local_step))
-                    aggregated.append((accum.take_indexed_slices_grad(self.r), var))
-                else:
-                    accum = tf1.ConditionalAccumulator(grad.dtype, shape=var.get_shape(),
-                                                       shared_name=var.name + "/grad_accum")
-                    pushes.append(accum.apply_grad(grad, local_step=self.local_step))
-                    aggregated.append((accum.take_grad(self.r), var))
-                self.accumulators.append((accum, var.device))
-        return pushes, aggregated
-
-    def _wake(self, queue):
-        """One token for a worker, unless one already waits for it."""
-        def put():
-            with tf.control_dependencies([queue.enqueue(tf.identity(self.step))]):
-                return tf.constant(True)
-        return tf1.cond(tf.equal(queue.size(), 0), put, lambda: tf.constant(False))
-
-    def start(self, session, chief: bool):
-        """Ready this worker's local step; on the chief, also the accumulators and the thread that applies."""
-        session.run(self.chief_init_op if chief else self.local_step_init_op)
-        if chief:
-            self._coord = tf1.train.Coordinator()
-            self.queue_runner.create_threads(session, coord=self._coord, daemon=True, start=True)
-
-    def stop(self):
-        """Stop the chief's applying thread (its blocked run ends when the session closes)."""
-        if self._coord is not None:
-            self._coord.request_stop()
+def _trainer_names(total: int) -> list:
+    try:
+        cluster = Cluster.from_environment()
+    except Exception:  # named by index instead
+        cluster = None
+    if cluster is not None and cluster.num_replicas == total:
+        return [str(t) for t in cluster.trainers()]
+    return [f"trainer {i}" for i in range(total)]
 
 
 class SyncReplicasOptimizer(_tf_sync.SyncReplicasOptimizer):
-    """``tf.compat.v1.train.SyncReplicasOptimizer`` whose steps take one gradient per distinct worker."""
+    """``tf.compat.v1.train.SyncReplicasOptimizer`` whose steps take one gradient per distinct worker, bounded.
+
+    Beyond TF's arguments: ``stall_warn_secs`` and ``stall_timeout_secs``
+    (default ``TFCLUSTER_SYNC_STALL_SECS`` and ``TFCLUSTER_SYNC_TIMEOUT_SECS``,
+    else 30 and 600).
+    """
+
+    def __init__(self, opt, replicas_to_aggregate, total_num_replicas=None, variable_averages=None,
+                 variables_to_average=None, use_locking=False, name="sync_replicas", stall_warn_secs=None,
+                 stall_timeout_secs=None):
+        super().__init__(opt, replicas_to_aggregate, total_num_replicas, variable_averages, variables_to_average,
+                         use_locking, name)
+        self._stall = stall_defaults(stall_warn_secs, stall_timeout_secs)
+        self._finish = None
+        finish_after_pushing_runs()
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        """Push this worker's gradients for its step, then wait for the chief's update (see the module doc)."""
-        grads_and_vars = list(grads_and_vars)
+        """This worker's train op: push its gradients for its step (the wait follows the run; module doc)."""
+        grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
         if not grads_and_vars:
             raise ValueError("Must supply at least one variable")
         if global_step is None:
             raise ValueError("Global step is required to check staleness")
+        total, r = self._total_num_replicas, self._replicas_to_aggregate
+        if not 1 <= r <= total:
+            raise SpecError(f"SyncReplicasOptimizer: replicas_to_aggregate={r} must be between 1 and "
+                            f"total_num_replicas={total}")
         self._global_step = global_step
-        me = trainer_index(tf.no_op().device, self._total_num_replicas)
-        fair = FairSync(grads_and_vars, lambda agg: self._opt.apply_gradients(agg, global_step), global_step,
-                        self._replicas_to_aggregate, self._total_num_replicas, me, self._name)
-        sync_op = fair.sync_op
-        if self._variable_averages is not None:
-            with tf.control_dependencies([sync_op]), tf1.name_scope(""):
-                sync_op = self._variable_averages.apply(self._variables_to_average)
-        self._fair = fair
-        self._local_step = fair.local_step
-        self.local_step_init_op = fair.local_step_init_op
-        self.chief_init_op = fair.chief_init_op
-        self.ready_for_local_init_op = tf1.report_uninitialized_variables(tf1.global_variables())
-        self._accumulator_list = fair.accumulators
-        self._sync_token_queue = fair.queues[0]
-        self._chief_queue_runner = tf1.train.QueueRunner(fair.queues[0], [sync_op])
+        worker = tf.no_op(name="sync_worker_anchor").device     # where the device functions put this worker's ops
+        graph = SyncGraph(_trainer_names(total), trainer_index(worker, total), r, global_step, grads_and_vars,
+                          self._apply, worker, average=True)
+        stamped, _ = graph.push()
+        train_op = stamped if graph.is_chief else graph.arrive([stamped])
+        self._finish = SyncFinish(graph, *self._stall)
+        tf1.add_to_collection(FINISH_COLLECTION, self._finish)
+        self._graph = graph
+        self.local_step_init_op = graph.local_step_init
+        self.chief_init_op = tf.group(*graph.chief_init_ops())
+        self.ready_for_local_init_op = tf1.report_uninitialized_variables(tf1.global_variables()
+                                                                          + graph.state_variables)
+        self._state_ready = tf1.report_uninitialized_variables(graph.state_variables)
+        self._local_step = graph.local_step
+        self._chief_queue_runner = _ending_queue_runner(worker)
         self._gradients_applied = True
-        return fair.train_op
+        return train_op
+
+    def _apply(self, aggregated):
+        """The real update of an aggregated step, then the variable averages if any."""
+        update = self._opt.apply_gradients(aggregated, self._global_step)
+        if self._variable_averages is None:
+            return update
+        with tf.control_dependencies([update]), tf1.name_scope(""):
+            return self._variable_averages.apply(self._variables_to_average)
 
     def get_init_tokens_op(self, num_tokens=-1):
-        """No tokens ahead of the first update: that is what let one worker fill a step alone."""
+        """No tokens: a worker waits for the update itself, so there is nothing to hand out."""
         if self._gradients_applied is False:
             raise ValueError("get_init_tokens_op() should be called after apply_gradients().")
         return tf.no_op(name="no_init_tokens")
 
+    def make_session_run_hook(self, is_chief, num_tokens=-1):
+        """The hook that readies each new session: the chief's sync state, a worker's local step."""
+        return _SyncHook(self, is_chief)
+
+
+def _ending_queue_runner(device: str):
+    """A QueueRunner whose one thread ends at once: updates are applied in the chief's own steps."""
+    with tf1.device(device), tf1.name_scope("tfcluster_sync/"):
+        queue = tf1.FIFOQueue(1, [tf.int32], shapes=[[]], name="no_chief_thread")
+        with tf.control_dependencies([queue.close()]):
+            ends = queue.dequeue()          # an empty, closed queue: OutOfRange, and the thread ends
+    return tf1.train.QueueRunner(queue, [ends])
+
+
+class _SyncHook(tf1.train.SessionRunHook):
+    """After each session creation: the chief readies the sync state; a worker waits for it (bounded)."""
+
+    def __init__(self, optimizer, is_chief):
+        self._optimizer, self._is_chief = optimizer, is_chief
+
+    def begin(self):
+        """The optimizer must have built its step."""
+        if not self._optimizer._gradients_applied:
+            raise ValueError("SyncReplicasOptimizer.apply_gradients should be called before using the hook.")
+
+    def after_create_session(self, session, coord):
+        """Chief: initialise the sync state where needed and reset its stamps; worker: wait for that."""
+        _ready(session, self._optimizer, self._is_chief)
+
+
+#: Seconds a worker waits for the chief to ready the sync state of a new session.
+READY_TIMEOUT_SECS = 300.0
+
+
+def _ready(session, step, chief: bool):
+    """Ready a new session for ``step`` (it has ``chief_init_op``, ``local_step_init_op``, ``_state_ready``)."""
+    if chief:
+        session.run(step.chief_init_op)
+        return
+    started = time.monotonic()
+    while len(session.run(step._state_ready)):
+        if time.monotonic() - started > READY_TIMEOUT_SECS:
+            raise SyncStallError(f"the chief did not ready the sync step's state on the ps within "
+                                 f"{READY_TIMEOUT_SECS:g}s; is it running?")
+        time.sleep(READY_POLL_SECS)
+    session.run(step.local_step_init_op)
+
 
 def for_keras(optimizer, total: int, me: int) -> "KerasSync":
-    """Make a tf-keras optimizer's updates fair sync steps over ``total`` workers; call before the train function."""
+    """Make a tf-keras optimizer's updates sync steps over ``total`` workers; call before the train function."""
     return KerasSync(optimizer, total, me)
 
 
 class KerasSync:
-    """A tf-keras optimizer whose ``apply_gradients`` builds a :class:`FairSync` step (every worker aggregated)."""
+    """A tf-keras optimizer whose ``apply_gradients`` pushes for a sync step (every worker aggregated)."""
 
     def __init__(self, optimizer, total: int, me: int):
-        self.fair = None
+        self.graph = None
         original = optimizer.apply_gradients
 
         def apply_gradients(grads_and_vars, name=None, **kwargs):
-            self.fair = FairSync(list(grads_and_vars), lambda agg: original(agg, **kwargs), optimizer.iterations,
-                                 total, total, me, name or "sync_replicas")
-            return self.fair.train_op
+            worker = tf.no_op(name="sync_worker_anchor").device
+            grads = [(g, v) for g, v in grads_and_vars if g is not None]
+            self.graph = graph = SyncGraph(_trainer_names(total), me, total, optimizer.iterations, grads,
+                                           lambda aggregated: original(aggregated, **kwargs), worker, average=True)
+            stamped, _ = graph.push()
+            tf1.add_to_collection(FINISH_COLLECTION, SyncFinish(graph, *stall_defaults()))
+            self.local_step_init_op = graph.local_step_init
+            self.chief_init_op = tf.group(*graph.chief_init_ops())
+            self._state_ready = tf1.report_uninitialized_variables(graph.state_variables)
+            return stamped if graph.is_chief else graph.arrive([stamped])
         optimizer.apply_gradients = apply_gradients
+        finish_after_pushing_runs()
 
     def start(self, session, chief: bool):
-        """See :meth:`FairSync.start`."""
-        self.fair.start(session, chief)
+        """Ready a new session: the chief's sync state, a worker's wait for it and its local step."""
+        _ready(session, self, chief)
 
     def stop(self):
-        """See :meth:`FairSync.stop`."""
-        if self.fair is not None:
-            self.fair.stop()
+        """Nothing runs in the background: each step's wait follows its run."""
+
+
+# ------------------------------------------------------------------ the wait after a pushing run
+_installed = []
+_busy = threading.local()
+
+
+def finish_after_pushing_runs():
+    """Make every ``Session.run`` and session callable follow a run that pushed with that step's wait."""
+    if _installed:
+        return
+    _installed.append(True)
+    from tensorflow.python.client import session as session_lib
+    base = session_lib.BaseSession
+    original_run, original_callable = base.run, base.make_callable
+    original_from_options = session_lib.BaseSession._make_callable_from_options
+
+    def run(self, *args, **kwargs):
+        result = original_run(self, *args, **kwargs)
+        _finish_pushes(self)
+        return result
+
+    def make_callable(self, *args, **kwargs):
+        return _finishing(self, original_callable(self, *args, **kwargs))
+
+    def from_options(self, *args, **kwargs):      # tf-keras's graph functions make their callables here
+        return _finishing(self, original_from_options(self, *args, **kwargs))
+    for new, old in ((run, original_run), (make_callable, original_callable), (from_options, original_from_options)):
+        new.__wrapped__, new.__doc__ = old, old.__doc__
+    base.run, base.make_callable, base._make_callable_from_options = run, make_callable, from_options
+
+
+def _finishing(session, fn):
+    def call(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        _finish_pushes(session)
+        return result
+    call.__wrapped__ = fn
+    return call
+
+
+def _finish_pushes(session):
+    """After a run: when this worker pushed, wait for (on the chief: apply) the step it pushed for."""
+    if getattr(_busy, "on", False) or threading.current_thread().name.startswith(_QUIET_THREADS):
+        return
+    finishes = session.graph.get_collection(FINISH_COLLECTION) if session.graph is not None else []
+    if not finishes:
+        return
+    _busy.on = True
+    try:
+        for finish in finishes:
+            if not finish.driven and finish.pushed(session):
+                finish.finish()
+    finally:
+        _busy.on = False

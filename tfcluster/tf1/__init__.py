@@ -32,7 +32,8 @@ from ..core import environment
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import TF1RemovedError
 from ..topology.taskenv import legacy_keras_available, prepare_this_process
-from ..training.session import READY_POLL_SECS, THREAD_GRACE_SECS
+from ..runtime.server import READY_POLL_SECS
+from ..training.session import THREAD_GRACE_SECS
 
 __all__ = ["install", "installed", "legacy_keras_available", "tf1_command", "TF1RemovedError",
            "READY_POLL_ENV", "DEFAULT_READY_POLL_SECS", "STOP_GRACE_ENV", "DEFAULT_STOP_GRACE_SECS"]

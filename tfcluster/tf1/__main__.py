@@ -10,7 +10,9 @@ Python scripts this way).
 
 Exit codes: the script's own; 2 for a TF 1.x name that TF 2.21 no longer has
 (one line naming the replacement), for missing MNIST files, for tf.layers
-without tf-keras, and for bad usage.
+without tf-keras, and for bad usage; tfcluster's own errors exit with their
+code (:mod:`tfcluster.core.exits`: 3 for a peer lost, such as a sync step
+stalled for good).
 """
 
 import os
@@ -25,25 +27,24 @@ USAGE = "usage: python -m tfcluster.tf1 [--session-fixes-only] SCRIPT.py [ARGS..
 _KERAS3_MARK = "is not available with Keras 3"
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
     sys.stderr.write(f"tfcluster: error: {message}\n")
     sys.stderr.flush()
-    return EXIT_USAGE
+    return code
 
 
 def _one_line_cause(error):
-    """The error in the chain that deserves one clear line instead of a traceback, as text."""
+    """``(line, exit code)`` of the error in the chain that deserves one clear line instead of a traceback."""
     from ..core.errors import TfclusterError
-    from . import TF1RemovedError
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, (TF1RemovedError, TfclusterError)):
-            return str(error)
+        if isinstance(error, TfclusterError):       # TF1RemovedError among them (exit 2)
+            return str(error), error.exit_code
         if isinstance(error, AttributeError) and _KERAS3_MARK in str(error):
             symbol = str(error).split("`")[1] if str(error).count("`") >= 2 else "this layer"
             return (f"tf.layers ({symbol}) needs the tf-keras package on TF 2.21 (Keras 3 has no graph-mode "
-                    f"layers): pip install tf-keras==2.21.0")
+                    f"layers): pip install tf-keras==2.21.0"), EXIT_USAGE
         error = error.__cause__ or error.__context__
     return None
 
@@ -95,10 +96,10 @@ def main(argv=None) -> int:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # noqa: BLE001 - only a few kinds become one line; the rest re-raise
-        line = _one_line_cause(e)
-        if line is None:
+        cause = _one_line_cause(e)
+        if cause is None:
             raise
-        return _fail(line)
+        return _fail(*cause)
     return 0
 
 

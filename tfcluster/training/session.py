@@ -24,7 +24,7 @@ from typing import Optional
 from ..core.duplicates import rerun
 from ..core.errors import ClusterUnreachableError, RecoveryLimitError, StepTimeoutError
 from ..core.tferrors import recoverable, summary
-from ..runtime.server import TaskState, wait_for_cluster
+from ..runtime.server import READY_POLL_SECS, TaskState, wait_for_cluster
 from .chief import ChiefStart
 
 log = logging.getLogger("tfcluster")
@@ -35,9 +35,6 @@ CLOSE_TIMEOUT = 3.0
 FINAL_CLOSE_TIMEOUT = 60.0
 #: Seconds a closing session waits for its hooks' threads (TF's MonitoredSession waits 120; TF1 mode's too).
 THREAD_GRACE_SECS = 5.0
-#: Seconds between a waiting worker's "is the model ready?" polls (SessionManager's default is 30;
-#: pitfalls item 4): its first step follows the chief's within about a second. TF1 mode's too.
-READY_POLL_SECS = 0.2
 #: Seconds before recreating a lost session: the first wait, doubling with each recovery in a row (a step
 #: that succeeds starts again from the first), and the longest. Ten in a row span 33 s, longer than gRPC
 #: waits before it looks a task's name up again (30 s, its dns_min_time_between_resolutions_ms): a
