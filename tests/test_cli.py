@@ -7,6 +7,7 @@ own stderr clean.
 
 import argparse
 import json
+import re
 import shlex
 import signal
 import sys
@@ -29,7 +30,12 @@ def raw_env(**extra):
     return env
 
 
+#: The commands tfcluster has, as the README's Layout table names them.
+COMMANDS = ["local", "spec", "start", "status"]
+
+
 def subcommands():
+    """The commands the parser knows, sorted."""
     parser = build_parser()
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return sorted(action.choices)
@@ -117,17 +123,23 @@ def test_a_user_error_is_one_line_on_stderr_with_exit_2_and_no_traceback(spec_fi
         assert w.format(**spec_files) in lines[0], f"{what}: {w!r} not in {lines[0]!r}"
 
 
-@pytest.mark.parametrize("command", [None] + subcommands())
+def test_the_parser_knows_every_promised_command_and_no_other():
+    assert subcommands() == COMMANDS
+
+
+# The promised commands too, so that a parser that lost its commands gives failures, not an empty list.
+@pytest.mark.parametrize("command", [None] + sorted(set(COMMANDS) | set(subcommands())))
 def test_help_of_every_command_exits_0_and_shows_usage(command):
     result = run_cli(*([command] if command else []), "--help")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: tfcluster") and result.stderr == ""
 
 
-def test_the_top_level_help_lists_every_command():
+def test_the_top_level_help_lists_every_command_with_its_summary():
     out = run_cli("--help").stdout
-    for command in subcommands():
-        assert command in out
+    # One row per command: its name at the start of an indented line, then what it does.
+    listed = re.findall(r"^    (\w+) +\S", out, re.M)
+    assert sorted(listed) == COMMANDS
 
 
 # ------------------------------------------------------------------ sources through the CLI

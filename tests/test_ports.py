@@ -39,15 +39,31 @@ def test_a_reservation_holds_its_ports_until_released():
         plain_bind(p)
 
 
-def test_a_reservation_lets_a_port_sharing_server_bind_its_ports():
+def test_a_reservation_lets_a_port_sharing_server_bind_its_ports_and_take_their_connections():
     # What TF_GRPC_REUSE_PORT=1 asks of gRPC: bind beside the launcher's placeholder.
     with PortReservation(1) as r:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        port = r.ports[0]
+        assert port != 0
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            s.bind(("", r.ports[0]))
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            server.bind(("", port))
+            assert server.getsockname()[1] == port
+            server.listen()
+            server.settimeout(5)
+            # The placeholder does not listen, so every client reaches the server. Were it listening, the
+            # kernel would spread the connections over both, and of eight some would not reach the server.
+            clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(8)]
+            try:
+                for _ in clients:
+                    accepted, peer = server.accept()
+                    accepted.close()
+                    assert peer in [c.getsockname() for c in clients]
+            finally:
+                for c in clients:
+                    c.close()
         finally:
-            s.close()
+            server.close()
 
 
 def test_a_port_someone_listens_on_is_not_free_and_its_holder_is_named():
