@@ -1,4 +1,4 @@
-"""Collective all-reduce between graphs: every worker holds a full copy, no ps (mission item 5).
+"""Collective all-reduce between graphs: every worker holds a full copy, no ps (the README's table of strategies).
 
 This is what MultiWorkerMirroredStrategy (CollectiveAllReduceStrategy) does,
 here in graph mode on TF 2.21. Every worker builds the same graph with its own

@@ -1,4 +1,4 @@
-"""Towers in one process, no cluster: MirroredStrategy and CentralStorageStrategy (mission item 3).
+"""Towers in one process, no cluster: MirroredStrategy and CentralStorageStrategy (the README's table of strategies).
 
 - :class:`MirroredStrategy`: the first tower's device holds the variables and
   the optimizer state; every other tower holds a copy of the trainable

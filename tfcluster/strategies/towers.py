@@ -1,4 +1,4 @@
-"""Towers: one replica of the model per local device, in one graph (mission item 3).
+"""Towers: one replica of the model per local device, in one graph (every strategy's ``towers=N``, README "Training").
 
 This is the multi-GPU tower pattern of the TF1 tutorials, shared by every
 strategy (``towers=`` on any of them). Each tower calls ``model_fn`` on its
