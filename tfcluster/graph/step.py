@@ -21,7 +21,10 @@ know:
   have more fetched with the step, or None;
 - ``after_run(run_context, run_values)``: after each step;
   ``run_values.results`` holds what ``before_run`` asked for;
-- ``end(session)``: once, when training ends normally.
+- ``end(session)``: once, when training ends normally;
+- ``interrupted(global_step)`` (tfcluster's, not TF's): once, before
+  ``end``, when a SIGTERM stopped the loop; ``global_step`` is the step the
+  last checkpoint holds.
 
 ``run_context`` is a :class:`StepContext`: the session, ``request_stop()``,
 and, beyond TF's, the global step, the target step and ``call(fn)``, which
@@ -64,6 +67,9 @@ class Hook:
 
     def end(self, session):
         """Called once when training ends normally."""
+
+    def interrupted(self, global_step: int):
+        """Called once before ``end`` when a SIGTERM stopped the loop at ``global_step``."""
 
 
 class StepContext:
@@ -180,6 +186,24 @@ class TrainGraph:
     state_variables: list = field(default_factory=list)
     hooks: list = field(default_factory=list)
     model: Any = None
+
+    def add_state(self, variable, initial=None):
+        """``variable`` is shared state beside the model: every worker waits for it, the chief initialises it
+        where the ps has none (after a restore too, since checkpoints do not hold it)."""
+        self.state_variables.append(variable)
+        self.chief_local_init_ops.append(init_if_needed(variable, initial))
+
+
+def init_if_needed(variable, initial=None):
+    """An op that initialises ``variable`` (to ``initial()``, else with its initializer) unless it already is."""
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    with tf1.get_default_graph().colocate_with(variable):
+        def init():
+            op = variable.initializer if initial is None else variable.assign(initial(), read_value=False)
+            with tf.control_dependencies([op]):
+                return tf.constant(True)
+        return tf1.cond(tf1.is_variable_initialized(variable), lambda: tf.constant(False), init).op
 
 
 def global_step_after(ops, global_step):

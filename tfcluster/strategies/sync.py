@@ -24,6 +24,7 @@ of exactness; they are not checkpointed.
 """
 
 from ..graph.placement import SYNC_STATE_COLLECTION
+from ..graph.step import init_if_needed
 
 
 class SyncGraph:
@@ -263,15 +264,5 @@ class SyncGraph:
         """The chief's local init: the slots initialised where a ps lost them, then every stamp reset."""
         slots = [(v, init) for v, init in self.state if not any(v is s for s in self.stamps)]
         with self.tf.control_dependencies([self.local_step_init]):
-            return [_init_if_needed(v, init) for v, init in slots] + [self.reset_and_wake()]
+            return [init_if_needed(v, init) for v, init in slots] + [self.reset_and_wake()]
 
-
-def _init_if_needed(v, initial):
-    """Initialise ``v`` unless it already is: the chief runs this after every restore."""
-    import tensorflow as tf
-    tf1 = tf.compat.v1
-    with tf1.get_default_graph().colocate_with(v):
-        def init():
-            with tf.control_dependencies([v.assign(initial(), read_value=False)]):
-                return tf.constant(True)
-        return tf1.cond(v.is_initialized(), lambda: tf.constant(False), init).op

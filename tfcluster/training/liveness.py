@@ -60,15 +60,8 @@ class ChiefHeartbeat(Hook):
             self._beat = beats.assign_add(1, read_value=False)
             self._read = beats.read_value()
             self._options = tf1.RunOptions(timeout_in_ms=int(self.interval * 2000))
-        self.train_graph.state_variables.append(beats)
-        if self.is_chief:
-            def init():
-                with tf.control_dependencies([beats.initializer]):
-                    return tf.constant(True)
-            with tf1.device(gs.device):
-                self.train_graph.chief_local_init_ops.append(
-                    tf1.cond(tf1.is_variable_initialized(beats), lambda: tf.constant(False), init).op)
-        else:
+        self.train_graph.add_state(beats)
+        if not self.is_chief:
             self.train_graph.runner.on_stall.append(self.check)
 
     def after_create_session(self, session, coord):

@@ -224,7 +224,7 @@ class _FitRun:
                 with s.input_scope():
                     return split_element(iterator.get_next())
             train_graph = s.build(model_fn, next_batch, optimizer, self.batch_size)
-            self.metrics = SharedMetrics(train_graph, self.is_chief)
+            self.metrics = SharedMetrics(train_graph)
             with s.input_scope():
                 saver = tf1.train.Saver(max_to_keep=config.keep_checkpoints, save_relative_paths=True) \
                     if self.saves else None

@@ -52,7 +52,7 @@ def steps_for_epochs(epochs: int, examples: int, examples_per_step: int) -> int:
 class SharedMetrics:
     """The training metrics of a built graph: their totals shared where the model is, one value op each."""
 
-    def __init__(self, train_graph, chief: bool):
+    def __init__(self, train_graph):
         import tensorflow as tf
         tf1 = tf.compat.v1
         metrics = getattr(train_graph.model, "metrics", None) or {}
@@ -64,24 +64,12 @@ class SharedMetrics:
             # creates them once; the others wait for them like for the model.
             local = tf1.get_collection_ref(tf1.GraphKeys.LOCAL_VARIABLES)
             local[:] = [v for v in local if all(v is not s for s in self.shared)]
-            train_graph.state_variables.extend(self.shared)
-            if chief:
-                train_graph.chief_local_init_ops.append(tf.group(*[_init_if_needed(v) for v in self.shared]))
+            for v in self.shared:
+                train_graph.add_state(v)
         self.reset = tf1.variables_initializer(totals) if totals else None
 
     def __bool__(self):
         return bool(self.values)
-
-
-def _init_if_needed(v):
-    """``v``'s initializer, run only while it is uninitialised (a chief's new session keeps the totals)."""
-    import tensorflow as tf
-    tf1 = tf.compat.v1
-
-    def init():
-        with tf.control_dependencies([v.initializer]):
-            return tf.constant(True)
-    return tf1.cond(tf1.is_variable_initialized(v), lambda: tf.constant(False), init)
 
 
 class TrainMetricsHook(Hook):
