@@ -77,7 +77,8 @@ tfcluster local [--ps N] [--workers M] [--chief] [--evaluator] [--legacy-flags[=
                        [--log-dir DIR] [--timeout S] [--max-restarts K] [--evaluator-grace S]
                        [--host H] [--cluster FILE | --ports P,...] [--join-grace S] [--stop-grace S] [--tf1]
                        [--strategy NAME] [--wire TYPE] [--gpus-per-worker N] [--threads-per-task N]
-                       [--timestamps] [--no-isolate | --require-isolation] [--verbose] [--] COMMAND [ARGS ...]"""
+                       [--timestamps] [--run-id ID] [--no-isolate | --require-isolation] [--verbose]
+                       [--] COMMAND [ARGS ...]"""
 
 
 def add_parser(sub):
@@ -129,6 +130,10 @@ def add_parser(sub):
                     help="thread pools of every task (default: the cores split among the trainers, 1 per ps; "
                          "0: TensorFlow's defaults)")
     lo.add_argument("--timestamps", action="store_true", help="start every line shown with the time it arrived")
+    lo.add_argument("--run-id", metavar="ID",
+                    help=f"this run's id, in every task's {environment.RUN_ID} (default: Slurm's job id, else a "
+                         "new one, printed at the start); a Keras fit's default checkpoint dir is "
+                         "tfcluster-keras/<run id>/<model>, so the id of a stopped run resumes it")
     add_run_args(lo)
     lo.set_defaults(func=run)
     lo.reads_environment = True     # TFCLUSTER_<OPTION> variables are its defaults (cli.main)
@@ -149,7 +154,8 @@ def launch_config(args):
         verbose=args.verbose, host=args.host, cluster=_explicit_cluster(args), join_grace=args.join_grace,
         stop_grace=args.stop_grace,
         isolate=not args.no_isolate, require_isolation=args.require_isolation, subreaper=True, env=extra_environment(args),
-        gpus_per_worker=args.gpus_per_worker, threads_per_task=args.threads_per_task, timestamps=args.timestamps)
+        gpus_per_worker=args.gpus_per_worker, threads_per_task=args.threads_per_task, timestamps=args.timestamps,
+        run_id=args.run_id)
 
 
 def _explicit_cluster(args):

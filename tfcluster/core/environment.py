@@ -42,8 +42,9 @@ STRATEGY = Variable("TFCLUSTER_STRATEGY", "--strategy of local and start (or you
                     "the strategy fit and Keras use when the script names none")
 WIRE = Variable("TFCLUSTER_WIRE", "--wire of local and start (or you)",
                 "the type weights and gradients travel in when the strategy names none")
-RUN_ID = Variable("TFCLUSTER_RUN_ID", "tfcluster local (one per launch); tfcluster start from SLURM_JOB_ID",
-                  "which run a task belongs to: a task restarted in the same run resumes its checkpoints")
+RUN_ID = Variable("TFCLUSTER_RUN_ID", "tfcluster local (one per launch, kept across restarts), or you",
+                  "which run a task belongs to (else Slurm's job id): a Keras fit's default checkpoint dir is "
+                  "the run's, so a restarted task resumes it and another run starts afresh")
 RESTART_COUNT = Variable("TFCLUSTER_RESTART_COUNT", "tfcluster local",
                          "how often the launcher restarted this task (0 at first); set only under the launcher")
 DONE_RECORD = Variable("TFCLUSTER_DONE_RECORD", "tfcluster start, for its command",

@@ -17,6 +17,7 @@ from ..core.checks import seconds, whole_number
 from ..core.errors import SpecError
 from ..runtime.preemption import STOP_GRACE_SECS
 from ..topology.cluster import Cluster, is_loopback, parse_address
+from ..topology.taskenv import new_run_id, run_id
 
 LEGACY_FLAG_STYLES = ("all", "job-task", "none")
 
@@ -49,6 +50,8 @@ class LaunchConfig:
       the cores split among the trainers, 0: TensorFlow's defaults). See
       :mod:`tfcluster.topology.devices`.
     - ``timestamps``: each line shown starts with the time it arrived.
+    - ``run_id``: the run's id (None: Slurm's job, else a new one); a Keras fit's default checkpoint dir
+      is the run's, so the id of a stopped run resumes it.
     """
 
     command: Tuple[str, ...]
@@ -73,9 +76,12 @@ class LaunchConfig:
     gpus_per_worker: Optional[int] = None
     threads_per_task: Optional[int] = None
     timestamps: bool = False
+    run_id: Optional[str] = None
 
     def __post_init__(self):
         object.__setattr__(self, "command", tuple(self.command))
+        # One id per launch (or the one given, or Slurm's job): every task's, kept when one is restarted.
+        object.__setattr__(self, "run_id", self.run_id or run_id() or new_run_id())
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         if self.cluster is not None:
             # An explicit cluster (scripts with hard-coded ports): its jobs decide the counts.

@@ -9,6 +9,7 @@ import datetime
 import os
 import sys
 
+from ..core import environment
 from ..core.errors import TfclusterError
 from ..core.private import make_private_dir, open_private
 from ..topology.cluster import Cluster, Task, parse_address
@@ -141,6 +142,7 @@ def plan_tasks(config: LaunchConfig, log_dir: str, resources=None):
         env = task_environment(view, config.verbose, reuse_port=t.job != "evaluator",
                                # the hosted ps must import the very tfcluster that runs this launcher
                                import_tfcluster=hosted)
+        env[environment.RUN_ID.name] = config.run_id
         env.update(config.env)
         if resources and t in resources:
             resources[t].apply(env)

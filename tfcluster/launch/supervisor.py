@@ -63,6 +63,8 @@ class LocalLauncher:
         for line in posix.missing_features():
             log.info("platform: %s", line)
         log.info("logs: %s (one file per task)", log_dir)
+        log.info("run: %s (a Keras fit's default checkpoints are the run's; --run-id %s resumes them)",
+                 self.config.run_id, self.config.run_id)
         log.info("%s", devices_line)
         if self.config.subreaper:
             self.group.become_subreaper()
@@ -165,8 +167,8 @@ class LocalLauncher:
         if self._signals:
             sig = self._signals[0]
             log.warning("got %s; stopping the cluster (each task has %gs to end its step and save, "
-                        "--stop-grace; a second signal stops it at once)", signal.Signals(sig).name,
-                        self.config.stop_grace)
+                        "--stop-grace; a second signal stops it at once); --run-id %s resumes this run",
+                        signal.Signals(sig).name, self.config.stop_grace, self.config.run_id)
             return from_signal(sig)
         if deadline is not None and time.monotonic() >= deadline:
             log.error("timed out after %gs (--timeout); stopping the cluster", self.config.timeout)

@@ -22,14 +22,29 @@ Importing this module does not import TensorFlow.
 import contextlib
 import importlib.util
 import os
+import secrets
 import sys
-from typing import MutableMapping, Optional
+import time
+from typing import Mapping, MutableMapping, Optional
 
+from ..core import environment
 from .ports import REUSE_ENV
 
 #: The directory that holds the ``tfcluster`` package, for children that must import this very copy
 #: (this file is tfcluster/topology/taskenv.py).
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_id(environ: Optional[Mapping] = None) -> Optional[str]:
+    """The run this task belongs to: ``TFCLUSTER_RUN_ID`` (``tfcluster local`` sets it), else Slurm's job id
+    (a requeued job keeps it), else None. A restarted task of the same run resumes that run's checkpoints."""
+    env = os.environ if environ is None else environ
+    return environment.RUN_ID.get(env) or env.get("SLURM_JOB_ID") or None
+
+
+def new_run_id() -> str:
+    """A run id nobody has used: the launch's time, and four random hex digits for launches in the same second."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def legacy_keras_available() -> bool:
