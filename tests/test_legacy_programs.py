@@ -130,16 +130,24 @@ def keras_run(tmp_path_factory):
 
 def test_the_tutorials_keras_program_runs_unchanged_with_two_workers_and_a_ps(keras_run):
     assert_clean_exit(keras_run)
-    assert keras_run.out.count("Test accuracy:") == 2
+    accuracies = re.findall(r"Test accuracy: (\S+)", keras_run.out)
+    assert len(accuracies) == 2 and accuracies[0] == accuracies[1]      # both workers end with the one model
     # Progress bars reach the terminal as they come, a line at a time, with their task.
     assert re.search(r"^\[worker:1\] +32/512 \[>\.+\] - ETA", keras_run.out, re.M)
+
+
+def keras_checkpoints(run):
+    """The chief's default checkpoint dir: tfcluster-keras/<the run's id>/<the model's name>."""
+    run_id = re.search(r"^\[tfcluster\] run: (\S+) ", run.out, re.M).group(1)
+    return run.tmp / "tfcluster-keras" / run_id / "sequential"
 
 
 def test_both_keras_workers_updated_the_same_variables_on_the_ps(keras_run):
     # Each worker fits 3 epochs of its half (512 examples, batches of 32): 48 steps each.
     updates = [int(n) for n in re.findall(r"the model's optimizer has (\d+) update\(s\) on the ps", keras_run.out)]
-    assert updates and max(updates) == 96
-    ckpt = keras_run.tmp / "tfcluster-keras" / "sequential"
+    assert updates == [96, 96]       # what each worker's model reads after its fit: the shared count
+    ckpt = keras_checkpoints(keras_run)
+    assert os.path.basename(__import__("tensorflow").train.latest_checkpoint(str(ckpt))) == "model.ckpt-96"
     names = [n for n, _ in __import__("tensorflow").train.list_variables(str(ckpt))]
     iterations = [n for n in names if n.startswith("optimizer/iter")]
     assert iterations and checkpoint_value(ckpt, iterations[0]) == 96
@@ -147,8 +155,7 @@ def test_both_keras_workers_updated_the_same_variables_on_the_ps(keras_run):
 
 def test_the_keras_checkpoint_restores_into_the_same_model_in_one_process(keras_run):
     # The chief (worker:0) ends with the weights of the final checkpoint, once every worker's fit is over.
-    restored = keras_run.restore(keras_run.tmp / "tfcluster-keras" / "sequential",
-                                 keras_run.tmp / "weights-worker-0.npz")
+    restored = keras_run.restore(keras_checkpoints(keras_run), keras_run.tmp / "weights-worker-0.npz")
     np.testing.assert_allclose(restored["predictions"], restored["predictions_of_weights"], rtol=1e-6)
 
 

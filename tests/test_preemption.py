@@ -109,25 +109,32 @@ def test_sigterm_to_tfcluster_local_reaches_every_task_the_chief_saves_and_a_rer
 
 # ====================================================================== graph-mode tf.keras
 @pytest.mark.timeout(300)
-def test_sigterm_to_a_keras_program_on_a_cluster_ends_the_batch_and_the_chief_saves(procs, tmp_path, reliability):
+def test_sigterm_to_a_keras_program_on_a_cluster_ends_the_batch_the_chief_saves_and_its_run_id_resumes_it(
+        procs, tmp_path, reliability):
     program = os.path.join(HERE, "programs", "keras_tutorial.py")
 
-    def launch_keras(epochs):
+    def launch_keras(epochs, *more):
         cmd = TFCLUSTER + ["local", "--tf1", "--ps", "1", "--workers", "2", "--log-dir", str(tmp_path / f"l{epochs}"),
-                           "--", sys.executable, program, "--epochs", str(epochs)]
+                           *more, "--", sys.executable, program, "--epochs", str(epochs)]
         return Stream(procs.start(cmd, cwd=str(tmp_path)), f"keras ({epochs} epochs)")
     run = launch_keras(200)
+    _, started = run.wait_for(r"^\[tfcluster\] run: (\S+) ", 60)
     run.wait_for(r"\[worker:1\] .*Epoch (\d+)/200", 200, check=lambda m: int(m.group(1)) >= 2)
     t_term = time.monotonic()
     run.proc.send_signal(signal.SIGTERM)
     assert run.finish(timeout=90) == 143, run.tail(60)
-    _, m = run.wait_for(r"\[worker:0\] .*worker:0 stopped on SIGTERM after update (\d+): saved (ckpt-\d+) "
+    assert run.matches(rf"^\[tfcluster\] warning: got SIGTERM; .*--run-id {started.group(1)} resumes this run$")
+    _, m = run.wait_for(r"\[worker:0\] .*worker:0 stopped on SIGTERM after global step (\d+): saved (model\.ckpt-\d+) "
                         r"([\d.]+)s after the signal", 1, after=t_term)
-    assert run.matches(r"\[worker:1\] .*worker:1 stopped on SIGTERM after update \d+ \(this task writes no "
-                       r"checkpoint\)", after=t_term)
-    again = launch_keras(1)
+    assert run.matches(r"\[worker:1\] .*worker:1 stopped on SIGTERM after global step \d+, [\d.]+s after the signal "
+                       r"\(this task writes no checkpoint\)", after=t_term)
+    again = launch_keras(1, "--run-id", started.group(1))
     assert again.finish(timeout=200) == 0, again.tail(60)
-    assert again.matches(rf"\[worker:0\] .*worker:0 restored the model from \S*{m.group(2)}$")
+    assert again.matches(rf"\[worker:0\] .*worker:0 restored the model from \S*/{m.group(2)} \(")
+    # Another run of the same program starts afresh: its model has the same default name, not the same run.
+    other = launch_keras(1)
+    assert other.finish(timeout=200) == 0, other.tail(60)
+    assert other.matches(r"\[worker:0\] .*worker:0 initialised the model")
     reliability("keras cluster: seconds from SIGTERM to the chief's saved checkpoint", float(m.group(3)), "s")
 
 

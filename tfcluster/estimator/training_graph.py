@@ -178,7 +178,8 @@ def _build(estimator, input_fn, cluster):
         spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, estimator.params, config)
         fetch = global_step_after([spec.train_op], global_step)
     finishes = tf1.get_collection(FINISH_COLLECTION)        # a SyncReplicasOptimizer's train op only pushes
-    runner = FinishingRunner(fetch, spec.loss, finishes) if finishes else StepRunner(fetch, spec.loss)
+    runner = StepRunner(fetch, spec.loss)
+    runner = FinishingRunner(runner, finishes) if finishes else runner
     return TrainGraph(runner, global_step, spec.loss), spec, init_local
 
 

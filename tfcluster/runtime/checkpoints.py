@@ -93,6 +93,19 @@ def checkpoints_in(checkpoint_dir: str) -> list:
     return [p if os.path.isabs(p) else os.path.join(checkpoint_dir, p) for p in paths]
 
 
+def remove_checkpoint(prefix: str) -> list:
+    """Remove the files of checkpoint ``prefix`` (its index and data); their names."""
+    import glob
+    removed = []
+    for path in [prefix + ".index"] + glob.glob(glob.escape(prefix) + ".data-*"):
+        try:
+            os.remove(path)
+            removed.append(os.path.basename(path))
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def remove_partial(checkpoint_dir: str, prefix: str) -> list:
     """Remove what a failed save of ``prefix`` left (its temp dir and files) unless the dir lists it; the names."""
     import glob

@@ -197,13 +197,16 @@ def serve_as_ps(cluster: Cluster) -> Served:
 
 
 @contextlib.contextmanager
-def done_when_finished(cluster: Optional[Cluster]):
+def done_when_finished(cluster: Optional[Cluster], last: bool = True):
     """Around a trainer's training: once it finished, tell every ps that this trainer is done.
 
     When the chief is lost for good (:class:`~tfcluster.core.errors.ChiefLostError`),
     its token is given too: the ps waits for every trainer's, and the chief's
     would never come. A trainer stopped by any other error gives none: it is
-    coming back (a restart, a rerun), and the ps serves on for it.
+    coming back (a restart, a rerun), and the ps serves on for it. ``last``:
+    False where the program may train again after this (a Keras ``fit``): only
+    a lost chief then gives tokens; the end of the program gives the rest
+    (``tfcluster start`` and ``local`` tell the ps when their command exits 0).
     """
     try:
         yield
@@ -212,7 +215,7 @@ def done_when_finished(cluster: Optional[Cluster]):
             signal_done(cluster)
             signal_done(cluster, task=cluster.chief_task)
         raise
-    if cluster is not None and cluster.num_tasks("ps"):
+    if last and cluster is not None and cluster.num_tasks("ps"):
         told = signal_done(cluster)
         log.debug("%s told %d ps task(s) it is done", cluster.task, told)
 

@@ -182,38 +182,45 @@ def _ready(session, step, chief: bool):
     session.run(step.local_step_init_op)
 
 
-def for_keras(optimizer, total: int, me: int) -> "KerasSync":
-    """Make a tf-keras optimizer's updates sync steps over ``total`` workers; call before the train function."""
-    return KerasSync(optimizer, total, me)
+def for_keras(optimizer, trainers, index: int) -> "KerasSync":
+    """Make a tf-keras optimizer's updates sync steps over ``trainers`` (this one is ``trainers[index]``); call
+    before its train function is built."""
+    return KerasSync(optimizer, trainers, index)
 
 
 class KerasSync:
-    """A tf-keras optimizer whose ``apply_gradients`` pushes for a sync step (every worker aggregated)."""
+    """A tf-keras optimizer whose updates push for a sync step that aggregates every trainer.
 
-    def __init__(self, optimizer, total: int, me: int):
-        self.graph = None
-        original = optimizer.apply_gradients
+    Once the train function is built, ``graph`` is its :class:`~.sync.SyncGraph`
+    and ``finish`` the wait each step needs after its push (a
+    :class:`~.sync_run.FinishingRunner` runs it); :meth:`release` then gives
+    the optimizer its own ``apply_gradients`` back. A tf-keras optimizer
+    applies through its own ``apply_gradients``; one that wraps a TF 1.x
+    ``tf.train`` optimizer (``compile(optimizer=tf.train.AdamOptimizer())``)
+    through the wrapped one's, which the user's model shares.
+    """
 
-        def apply_gradients(grads_and_vars, name=None, **kwargs):
+    def __init__(self, optimizer, trainers, index: int):
+        self.graph = self.finish = None
+        names = [str(t) for t in trainers]
+        inner = getattr(optimizer, "optimizer", None)
+        self._target = inner if isinstance(inner, tf1.train.Optimizer) else optimizer
+        original = self._target.apply_gradients
+
+        def apply_gradients(grads_and_vars, *args, **kwargs):
             worker = tf.no_op(name="sync_worker_anchor").device
             grads = [(g, v) for g, v in grads_and_vars if g is not None]
-            self.graph = graph = SyncGraph(_trainer_names(total), me, total, optimizer.iterations, grads,
-                                           lambda aggregated: original(aggregated, **kwargs), worker, average=True)
+            self.graph = graph = SyncGraph(names, index, len(names), optimizer.iterations, grads,
+                                           lambda aggregated: original(aggregated, *args, **kwargs), worker,
+                                           average=True)
             stamped, _ = graph.push()
-            tf1.add_to_collection(FINISH_COLLECTION, SyncFinish(graph, *stall_defaults()))
-            self.local_step_init_op = graph.local_step_init
-            self.chief_init_op = tf.group(*graph.chief_init_ops())
-            self._state_ready = tf1.report_uninitialized_variables(graph.state_variables)
+            self.finish = SyncFinish(graph, *stall_defaults())
             return stamped if graph.is_chief else graph.arrive([stamped])
-        optimizer.apply_gradients = apply_gradients
-        finish_after_pushing_runs()
+        self._target.apply_gradients = apply_gradients
 
-    def start(self, session, chief: bool):
-        """Ready a new session: the chief's sync state, a worker's wait for it and its local step."""
-        _ready(session, self, chief)
-
-    def stop(self):
-        """Nothing runs in the background: each step's wait follows its run."""
+    def release(self):
+        """Give the optimizer its own ``apply_gradients`` back (the train function is built)."""
+        self._target.__dict__.pop("apply_gradients", None)
 
 
 # ------------------------------------------------------------------ the wait after a pushing run
@@ -243,7 +250,8 @@ def finish_after_pushing_runs():
         return _finishing(self, original_from_options(self, *args, **kwargs))
     for new, old in ((run, original_run), (make_callable, original_callable), (from_options, original_from_options)):
         new.__wrapped__, new.__doc__ = old, old.__doc__
-    base.run, base.make_callable, base._make_callable_from_options = run, make_callable, from_options
+    base.run, base.make_callable = run, make_callable
+    session_lib.BaseSession._make_callable_from_options = from_options
 
 
 def _finishing(session, fn):

@@ -287,26 +287,38 @@ class SyncFinish:
         return int(got)
 
 
-class FinishingRunner(StepRunner):
-    """The steps of a graph whose train op only pushes (SyncReplicasOptimizer's): each waits for its update.
+class FinishingRunner:
+    """A runner whose train op only pushes (SyncReplicasOptimizer's): after each step, the wait for its update.
 
-    The Estimator's loop runs a ``model_fn``'s train op through this, so the
-    global step it sees is the one after the update, and its SIGTERM and the
-    chief's heartbeat end a wait (``on_stall``).
+    It wraps the :class:`~tfcluster.graph.step.StepRunner` of the Estimator's
+    ``model_fn`` or of a Keras model, so the global step the loop sees is the
+    one after the update, and the loop's SIGTERM check and the chief's
+    heartbeat end a wait (``on_stall``).
     """
 
-    def __init__(self, train_fetch, loss, finishes):
-        super().__init__(train_fetch, loss)
+    def __init__(self, runner, finishes):
+        self.runner = runner
+        self.train_fetch, self.loss, self.on_stall = runner.train_fetch, runner.loss, runner.on_stall
+        self.session = None
         self.finishes = list(finishes)
         for finish in self.finishes:
             finish.driven = True
             finish.waits.on_stall = self.on_stall
 
+    @property
+    def step_options(self):
+        """The wrapped runner's RunOptions (the step timeout)."""
+        return self.runner.step_options
+
+    def attach(self, session, step_timeout_secs=None):
+        """Bind the wrapped runner to ``session``."""
+        self.session = session
+        self.runner.attach(session, step_timeout_secs)
+
     def step(self, request=None) -> StepResult:
         """Run the step (the push); when this worker pushed, wait for the update it pushed for."""
-        result = super().step(request)
+        result = self.runner.step(request)
         for finish in self.finishes:
-            if finish.pushed(self._session):
+            if finish.pushed(self.session):
                 result.global_step = finish.finish()
         return result
-

@@ -105,6 +105,9 @@ class CheckpointHook(Hook):
 
     def end(self, session):
         """The final checkpoint (unless the last one is at this step), then the done marker."""
+        # Named by the global step it holds: other trainers' updates may have come after this one's last step
+        # (a Keras chief waits for the others' fits before its final save).
+        self._step = max(self._step, int(self._call(lambda s: s.run(self._read))))
         if self._step != self._saved_step or self.checkpoint is None:
             self.save(self._step, final=True)
         if self._finished:

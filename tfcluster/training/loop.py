@@ -1,15 +1,17 @@
 """The training loop: step a training session until its target, with hooks around every step.
 
-The loop is all that ``fit`` and the Estimator share of training: ask each
-hook what to fetch along (``before_run``), run one step through the
-:class:`~tfcluster.training.session.TrainingSession` (which reruns false duplicates and
-recovers a lost session, bounded), hand each hook its results
-(``after_run``), until the global step reaches the target, a hook asks to
-stop, or the input runs out (``OutOfRangeError``, as for TF's
-MonitoredSession), or a SIGTERM comes (:mod:`tfcluster.runtime.preemption`: the step
-in flight ends, then :class:`~tfcluster.runtime.preemption.Preempted`); then every
-hook's ``end``. Checkpoints, summaries and progress lines are hooks
-(:mod:`tfcluster.training.hooks`).
+The loop is all that ``fit``, the Estimator and graph-mode Keras share of
+training: ask each hook what to fetch along (``before_run``), run one step
+through the :class:`~tfcluster.training.session.TrainingSession` (which reruns
+false duplicates and recovers a lost session, bounded), hand each hook its
+results (``after_run``), until the global step reaches the target, a hook asks
+to stop, or the input runs out (``OutOfRangeError``, as for TF's
+MonitoredSession), or a SIGTERM comes (:mod:`tfcluster.runtime.preemption`:
+the step in flight ends, then :class:`~tfcluster.runtime.preemption.Preempted`);
+then every hook's ``end``. Checkpoints, summaries and progress lines are hooks
+(:mod:`tfcluster.training.hooks`). :func:`run_loop` drives the loop to a target;
+tf-keras's ``fit`` drives it a step at a time (:class:`TrainingLoop`), with its
+own epochs and callbacks around.
 """
 
 import logging
@@ -77,41 +79,86 @@ def run_loop(session, last_step: Optional[int] = None, steps: Optional[int] = No
     With neither, it runs until a hook asks to stop or the input runs out.
     """
     import tensorflow as tf
-    hooks = session.hooks
-    gs = session.global_step()
-    if steps is not None:
-        last_step = gs + steps
-    ctx = StepContext(session, last_step if last_step is not None else float("inf"),
-                      RunArgs(session.train_graph.runner.train_fetch))
-    ctx.global_step = gs
-    if last_step is not None and gs >= last_step:
-        log.info("%s: global step %d already reaches %d; nothing to train", name, gs, last_step)
-    on_stall = session.train_graph.runner.on_stall
-    with SigtermWatch() as sigterm:
-        on_stall.append(sigterm.check)
-        try:
-            while ctx.global_step < ctx.last_step and not ctx.stop_requested and not sigterm.requested:
-                requests = [h.before_run(ctx) for h in hooks]
-                try:
-                    result = session.step(merge_requests(requests))
-                except tf.errors.OutOfRangeError:
-                    log.info("%s: the input is exhausted at global step %d; training ends", name, ctx.global_step)
-                    break
-                except StepInterrupted:      # a sync wait given up for the SIGTERM: the step never happened
-                    break
-                ctx.global_step = result.global_step
-                ctx.local_steps += 1
-                for hook, values in zip(hooks, _values_for(requests, result)):
-                    hook.after_run(ctx, values)
-            if sigterm.requested:
-                ctx.global_step = _before_the_last_save(session, hooks, name, ctx.global_step)
-            for hook in hooks:
-                hook.end(session.session)
-        finally:
-            on_stall.remove(sigterm.check)
-    if sigterm.requested:
-        raise Preempted(_preempted(name, ctx.global_step, hooks, time.monotonic() - sigterm.at))
-    return ctx.global_step
+    with TrainingLoop(session, last_step, steps, name) as loop:
+        while not loop.should_stop:
+            try:
+                loop.step()
+            except tf.errors.OutOfRangeError:
+                log.info("%s: the input is exhausted at global step %d; training ends", name, loop.global_step)
+                break
+            except StepInterrupted:      # a sync wait given up for the SIGTERM: the step never happened
+                break
+        loop.end()
+    return loop.global_step
+
+
+class TrainingLoop:
+    """The loop in parts, for a front end whose own loop calls each step (tf-keras's ``fit``).
+
+    Entered, it watches for SIGTERM; :meth:`step` runs one step with every
+    hook around it; :meth:`end` runs every hook's ``end`` (the chief's final
+    checkpoint). Leaving after a SIGTERM raises
+    :class:`~tfcluster.runtime.preemption.Preempted`. :func:`run_loop` is this
+    loop driven to a target step.
+    """
+
+    def __init__(self, session, last_step: Optional[int] = None, steps: Optional[int] = None, name: str = "local"):
+        self.session, self.name = session, name
+        self.hooks = session.hooks
+        self._last_step, self._steps = last_step, steps
+        self.ctx = self.sigterm = None
+
+    def __enter__(self):
+        gs = self.session.global_step()
+        last_step = gs + self._steps if self._steps is not None else self._last_step
+        runner = self.session.train_graph.runner
+        self.ctx = StepContext(self.session, last_step if last_step is not None else float("inf"),
+                               RunArgs(runner.train_fetch))
+        self.ctx.global_step = gs
+        if last_step is not None and gs >= last_step:
+            log.info("%s: global step %d already reaches %d; nothing to train", self.name, gs, last_step)
+        self.sigterm = SigtermWatch().__enter__()
+        runner.on_stall.append(self.sigterm.check)
+        return self
+
+    @property
+    def global_step(self) -> int:
+        """The global step after the last step (or at the start)."""
+        return self.ctx.global_step
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the target step is reached, a hook asked to stop, or a SIGTERM came."""
+        ctx = self.ctx
+        return ctx.global_step >= ctx.last_step or ctx.stop_requested or self.sigterm.requested
+
+    def step(self):
+        """One step with the hooks around it; returns its StepResult."""
+        ctx = self.ctx
+        requests = [h.before_run(ctx) for h in self.hooks]
+        result = self.session.step(merge_requests(requests))
+        ctx.global_step = result.global_step
+        ctx.local_steps += 1
+        for hook, values in zip(self.hooks, _values_for(requests, result)):
+            hook.after_run(ctx, values)
+        return result
+
+    def end(self):
+        """The run ended normally (or on a SIGTERM): every hook's ``end``, after the last save's step is settled."""
+        if self.sigterm.requested:
+            self.ctx.global_step = _before_the_last_save(self.session, self.hooks, self.name, self.ctx.global_step)
+            for hook in self.hooks:
+                getattr(hook, "interrupted", lambda step: None)(self.ctx.global_step)     # TF's hooks have none
+        for hook in self.hooks:
+            hook.end(self.session.session)
+
+    def __exit__(self, kind, error, tb):
+        self.session.train_graph.runner.on_stall.remove(self.sigterm.check)
+        self.sigterm.__exit__(kind, error, tb)
+        if kind is None and self.sigterm.requested:
+            raise Preempted(_preempted(self.name, self.ctx.global_step, self.hooks,
+                                       time.monotonic() - self.sigterm.at))
+        return False
 
 
 def _before_the_last_save(session, hooks, name: str, global_step: int, quiet_secs: float = 0.6,
@@ -123,10 +170,8 @@ def _before_the_last_save(session, hooks, name: str, global_step: int, quiet_sec
     its checkpoint. A trainer that goes on (only the chief was stopped) does
     not hold it longer; its restart joins the live model anyway (chief.py).
     """
-    saving = [h for h in hooks if isinstance(h, CheckpointHook)]
-    if not saving or session.cluster is None or session.cluster.num_replicas < 2:
-        for h in saving:
-            h.interrupted(global_step)
+    saves = any(isinstance(h, CheckpointHook) for h in hooks)
+    if not saves or session.cluster is None or session.cluster.num_replicas < 2:
         return global_step
     started = time.monotonic()
     last, since = session.global_step(), time.monotonic()
@@ -135,8 +180,6 @@ def _before_the_last_save(session, hooks, name: str, global_step: int, quiet_sec
         now = session.global_step()
         if now != last:
             last, since = now, time.monotonic()
-    for h in saving:
-        h.interrupted(last)
     log.debug("%s: the global step settled at %d %.1fs after the stop", name, last, time.monotonic() - started)
     return max(last, global_step)
 

@@ -107,8 +107,12 @@ class TrainingSession:
         self.created_at = None      # wall-clock time the model was ready for this process
         self.restored_from = None
 
-    def finalize(self, hooks=()):
-        """Add ``hooks`` (after the strategy's), call every hook's ``begin``, build the session's ops, finalize."""
+    def finalize(self, hooks=(), freeze: bool = True):
+        """Add ``hooks`` (after the strategy's), call every hook's ``begin``, build the session's ops, finalize.
+
+        ``freeze``: finalize the graph too. tf-keras's loop adds ops as it goes
+        (a dataset's iterator, the validation step), so Keras leaves it open.
+        """
         tf1 = self.tf.compat.v1
         self.hooks += list(hooks)
         with self.graph.as_default():
@@ -123,7 +127,8 @@ class TrainingSession:
             self.chief_start = ChiefStart(
                 self.graph, self.target, self.config, self.init_op, self.ready_op, ready_local, self.local_init_op,
                 self.saver, self.checkpoint_dir, self.init_fn, self.init_feed_dict, self.name)
-        self.graph.finalize()  # no op may be added per step: a growing graph is a slow leak
+        if freeze:
+            self.graph.finalize()  # no op may be added per step: a growing graph is a slow leak
 
     # ------------------------------------------------------------ creation
     def create(self):
@@ -228,14 +233,22 @@ class TrainingSession:
         return error
 
     def call(self, fn):
-        """``fn(session)`` with the same recovery as a step."""
+        """``fn(session)`` with the same recovery as a step (a run of it bounded by :attr:`step_options` that
+        times out names the silent task, as a step does)."""
         while True:
             try:
                 return rerun(fn, self.session)
+            except self.tf.errors.DeadlineExceededError as e:
+                self._recover(self._silent(e))
             except Exception as e:
                 if not recoverable(e):
                     raise
                 self._recover(e)
+
+    @property
+    def step_options(self):
+        """RunOptions with the step timeout (None when steps are unbounded): for runs beside the steps."""
+        return self.train_graph.runner.step_options
 
     def global_step(self) -> int:
         """The global step the session holds now."""

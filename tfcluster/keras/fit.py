@@ -1,0 +1,310 @@
+"""A compiled tf-keras model's ``fit`` on a cluster: tf-keras's own loop over tfcluster's session, loop and hooks.
+
+Each trainer fits its shard of the data (every n-th example) into the
+model's clone (:mod:`.graph`), whose variables are on the ps. tf-keras's loop
+runs as usual (progress bars, callbacks, validation, History), but each batch
+is a step of tfcluster's :class:`~tfcluster.training.loop.TrainingLoop` on a
+:class:`~tfcluster.training.session.TrainingSession`, the same as ``fit``'s
+and the Estimator's: the chief joins the live model, restores the newest
+readable checkpoint or initialises; the others wait for it, polling every
+0.2 s; a lost task is recovered, bounded; a silent ps is named after the step
+timeout; a worker whose chief is gone for good stops in one line (the chief's
+heartbeat); a SIGTERM ends the batch, the chief saves and the program exits
+143. The chief's checkpoints are hooks, as everywhere
+(:mod:`tfcluster.training.hooks`), in tf-keras's format (:mod:`.checkpoints`).
+At the end every trainer waits, bounded, until every trainer's fit ended,
+so the chief's final checkpoint holds every worker's updates. After the fit the
+user's model holds the trained weights and the optimizer's state (its
+``iterations`` counts every worker's updates), the same on every trainer, so
+``evaluate``, ``predict`` and a learning-rate schedule read what the cluster
+trained.
+"""
+
+import dataclasses
+import itertools
+import logging
+import os
+import time
+
+import tensorflow as tf
+
+from ..core.errors import SpecError
+from ..graph.step import Hook
+from ..runtime.checkpoints import prepare_checkpoint_dir
+from ..runtime.server import task_server
+from ..runtime.shutdown import done_when_finished, serve_as_ps
+from ..strategies import STRATEGY_ENV
+from ..topology.cluster import Cluster
+from ..topology.taskenv import new_run_id, run_id
+from ..training.hooks import CheckpointHook
+from ..training.liveness import heartbeat
+from ..training.loop import TrainingLoop
+from ..training.session import TrainingSession
+from ..training.train import FitConfig
+from .checkpoints import KerasSaver
+from .graph import DATASET, build, prepare_for
+from .session import CurrentSession
+from .step import SharedTrainFunction
+
+tf1 = tf.compat.v1
+log = logging.getLogger("tfcluster")
+
+#: The checkpoint dir when none is given: ``tfcluster-keras/<run>/<model name>`` under the working dir.
+DEFAULT_DIR = "tfcluster-keras"
+#: Seconds a trainer waits, at the end of its fit, for the other trainers' fits (after a SIGTERM: 5).
+FINISH_TIMEOUT_SECS = 600.0
+#: Graphs whose model trains on the cluster through here (their local sessions only evaluate).
+_handled_graphs = set()
+_original_fit = None        # tf-keras's own Model.fit, kept when TF1 mode routes fit here
+#: This process's cluster fits, counted: the k-th fit of every trainer of a program is the same fit.
+_fit_numbers = itertools.count()
+
+
+def shard(data, index: int, count: int):
+    """This worker's part of ``data`` (arrays, lists or dicts of them, a Dataset): every ``count``-th example."""
+    if count == 1 or data is None:
+        return data
+    if isinstance(data, DATASET):
+        return data.shard(count, index)
+    if isinstance(data, dict):
+        return {k: shard(v, index, count) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(shard(v, index, count) for v in data)
+    return data[index::count]
+
+
+def fit(model, x=None, y=None, *, cluster=None, checkpoint_dir=None, sync=None, config=None, **kwargs):
+    """``model.fit(x, y, ...)`` with every trainer of the cluster training the same variables on the ps.
+
+    ``model`` is a compiled tf-keras model, or a function that builds one.
+    Without a cluster (no TF_CONFIG) it is a plain ``model.fit``; a ps task
+    serves until the trainers are done and returns None. ``sync`` (default:
+    ``TFCLUSTER_STRATEGY=sync``, which ``tfcluster local --strategy sync``
+    sets) makes each update one gradient from every worker. ``checkpoint_dir``
+    (default: ``tfcluster-keras/<run>/<model name>``) is where the chief
+    saves. ``config`` (a :class:`~tfcluster.FitConfig`) and the keywords named
+    like its fields (``save_checkpoint_secs``, ``keep_checkpoints``,
+    ``startup_timeout``, ``step_timeout_secs``, ``chief_timeout_secs``,
+    ``max_recoveries``) set the session's options; every other keyword goes to
+    tf-keras's ``fit``. Returns the History.
+    """
+    options = {k: kwargs.pop(k) for k in [f.name for f in dataclasses.fields(FitConfig)] if k in kwargs}
+    config = (config or FitConfig()).replace(**options)
+    if sync is None:
+        sync = os.environ.get(STRATEGY_ENV) in ("sync", "ps-sync")
+    model = model() if callable(model) and not hasattr(model, "fit") else model
+    cluster = cluster if cluster is not None else Cluster.from_environment()
+    if cluster is None:
+        return _plain_fit(model, x, y, **kwargs)
+    role = cluster.role()
+    if role == "ps":
+        serve_as_ps(cluster)
+        return None
+    if role not in ("chief", "worker"):
+        raise SpecError(f"tfcluster.keras.fit trains on the chief and the workers, not on {cluster.task}")
+    if not cluster.num_tasks("ps"):
+        if cluster.num_replicas > 1:
+            log.warning("%s trains a private copy of the model: the cluster has no ps tasks to share variables "
+                        "through (start it with ps tasks, e.g. tfcluster local --ps 1)", cluster.task)
+        return _plain_fit(model, x, y, **kwargs)
+    if getattr(model, "optimizer", None) is None:
+        raise SpecError("tfcluster.keras.fit needs a compiled model: call model.compile(optimizer, loss) first")
+    with done_when_finished(cluster, last=False):
+        return ClusterFit(model, cluster, checkpoint_dir, sync, config).fit(x, y, **kwargs)
+
+
+def trains_on_cluster(graph) -> bool:
+    """True when a model of ``graph`` trains on the cluster through :func:`fit` (its local sessions only evaluate)."""
+    return id(graph) in _handled_graphs
+
+
+def _plain_fit(model, x, y, **kwargs):
+    return (_original_fit or type(model).fit)(model, x, y, **kwargs)
+
+
+def default_checkpoint_dir(model_name: str) -> str:
+    """``tfcluster-keras/<run>/<model name>``: a restarted chief of the run resumes it, another run starts afresh.
+
+    The run is :func:`~tfcluster.topology.taskenv.run_id` (``tfcluster local``'s,
+    or Slurm's job); without one, this process's own, so two runs of a program
+    never share checkpoints because their models have tf-keras's default name.
+    """
+    return os.path.join(DEFAULT_DIR, run_id() or new_run_id(), model_name)
+
+
+class ClusterFit:
+    """One fit of one trainer: the clone's graph, its training session and hooks, tf-keras's loop over them."""
+
+    def __init__(self, model, cluster, checkpoint_dir, sync: bool, config: FitConfig):
+        self.model, self.cluster, self.sync, self.config = model, cluster, sync, config
+        self.name = str(cluster.task)
+        self.trainers = cluster.trainers()
+        self.index, self.is_chief = self.trainers.index(cluster.task), cluster.is_chief
+        self.dir = os.path.abspath(checkpoint_dir or default_checkpoint_dir(model.name))
+        self.number = next(_fit_numbers)
+
+    def fit(self, x, y, callbacks=None, **kwargs):
+        """Shard the data, fit the clone on the cluster, give the model what it trained."""
+        n = len(self.trainers)
+        given = (x, y, kwargs.get("sample_weight"), kwargs.get("class_weight"))
+        x, y = shard(x, self.index, n), shard(y, self.index, n)
+        if kwargs.get("sample_weight") is not None:
+            kwargs["sample_weight"] = shard(kwargs["sample_weight"], self.index, n)
+        built = build(self.model, self.cluster, self.sync, x, y, kwargs.get("sample_weight"),
+                      kwargs.get("class_weight"))
+        log.info("%s trains %s on the cluster: variables on %d ps task(s), %s updates, this worker's shard is "
+                 "1/%d of the data", self.name, self.model.name, self.cluster.num_tasks("ps"),
+                 "sync" if self.sync else "async", n)
+        with built.graph.as_default():
+            session, checkpoints = self._session(built)
+            try:
+                with CurrentSession(session).as_default():
+                    history, state = self._run(built, session, checkpoints, built.x, y, callbacks, kwargs)
+            finally:
+                session.close()
+        if not self.model.built:      # built by the data, as its clone was
+            with tf1.get_default_graph().as_default():
+                prepare_for(self.model, *given)
+        _give(self.model, *state)
+        self.model.history = history
+        log.info("%s done: the model's optimizer has %d update(s) on the ps", self.name, state[-1])
+        return history
+
+    def _session(self, built):
+        """The training session of the clone's graph, with its hooks, finalized (but open: tf-keras adds ops)."""
+        c = self.config
+        saver = None
+        if self.is_chief:
+            prepare_checkpoint_dir(self.dir)
+            log.info("%s saves checkpoints in %s", self.name, self.dir)
+            saver = KerasSaver(built.clone, self.dir, c.keep_checkpoints)
+        session = TrainingSession(
+            built.train_graph, target=task_server(self.cluster).target, config=self.cluster.session_config(),
+            is_chief=self.is_chief, saver=saver, checkpoint_dir=self.dir if self.is_chief else None,
+            cluster=self.cluster, name=self.name, startup_timeout=c.startup_timeout, max_recoveries=c.max_recoveries,
+            step_timeout_secs=c.step_timeout_secs)
+        hooks = [FitsDone(built.train_graph, self.number, len(self.trainers), self.is_chief, self.name)]
+        checkpoints = None
+        if saver is not None:
+            checkpoints = CheckpointHook(session.call, saver, self.dir, built.train_graph.global_step, name=self.name,
+                                         save_steps=c.save_checkpoint_steps, save_secs=c.save_checkpoint_secs)
+            hooks.append(checkpoints)
+        beat = heartbeat(built.train_graph, self.cluster, self.name, c.chief_timeout_secs, self.dir)
+        session.finalize(hooks + ([beat] if beat is not None else []), freeze=False)
+        return session, checkpoints
+
+    def _run(self, built, session, checkpoints, x, y, callbacks, kwargs):
+        """tf-keras's fit of the clone, a step of the training loop per batch; ``(history, trained state)``."""
+        session.create()
+        if checkpoints is not None:
+            checkpoints.checkpoint = session.restored_from
+        _handled_graphs.add(id(_graph_of(self.model)))      # its local session is no private training
+        with TrainingLoop(session, name=self.name) as loop:
+            built.clone.train_function = SharedTrainFunction(built.clone.train_function, built.step, loop)
+            history = _plain_fit(built.clone, x, y, callbacks=list(callbacks or []) + [_stop_when(loop)], **kwargs)
+            loop.end()
+            state = _state(built.clone, session.global_step())
+        return history, state
+
+
+class FitsDone(Hook):
+    """Counts the trainers whose fit ended, and waits (bounded) until all of them did.
+
+    So the chief's final checkpoint holds every worker's updates, and every
+    trainer's model ends the fit with the same weights and update count. One
+    counter per fit of the program (``number``), beside the global step, not
+    checkpointed: a program that fits twice waits for the second fits.
+    """
+
+    def __init__(self, train_graph, number: int, trainers: int, is_chief: bool, name: str):
+        self.train_graph, self.number, self.trainers = train_graph, number, trainers
+        self.is_chief, self.name = is_chief, name
+        self.at_most = FINISH_TIMEOUT_SECS
+
+    def begin(self):
+        """The counter, shared state the chief creates."""
+        gs = self.train_graph.global_step
+        with tf1.device(gs.device):
+            done = tf1.Variable(0, dtype=tf.int64, trainable=False, collections=[], use_resource=True,
+                                name=f"tfcluster_keras_fit_{self.number}_done")
+        self._count, self._read = done.assign_add(1), done.read_value()
+        self.train_graph.add_state(done)
+
+    def interrupted(self, global_step: int):
+        """A SIGTERM stops every trainer at once: wait only briefly for the others."""
+        self.at_most = 5.0
+
+    def end(self, session):
+        """Count this trainer's fit, then wait for the others' (before the checkpoint hook's end)."""
+        done = int(session.run(self._count))
+        started, said = time.monotonic(), 0.0
+        while done < self.trainers:
+            waited = time.monotonic() - started
+            if waited > self.at_most:
+                log.warning("%s %s without the %d trainer(s) still fitting after %gs", self.name,
+                            "saves" if self.is_chief else "goes on", self.trainers - done, self.at_most)
+                return
+            if waited - said >= 10:
+                said = waited
+                log.info("%s waits for %d trainer(s) to finish their fit (%.0fs)", self.name, self.trainers - done,
+                         waited)
+            time.sleep(0.2)
+            done = int(session.run(self._read))
+
+
+def _stop_when(loop):
+    """A tf-keras callback: end training after the batch in which the loop was asked to stop (a SIGTERM)."""
+    import tf_keras
+
+    class StopWhenTheLoopStops(tf_keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if loop.should_stop:
+                self.model.stop_training = True
+
+    return StopWhenTheLoopStops()
+
+
+def _graph_of(model):
+    """The graph the user's model lives in."""
+    return model.weights[0].graph if model.built and model.weights else tf1.get_default_graph()
+
+
+def _state(clone, updates: int) -> tuple:
+    """``(weights, optimizer weights or None, updates)`` of the trained clone."""
+    try:
+        optimizer = clone.optimizer.get_weights()
+    except NotImplementedError:       # a wrapped tf.train optimizer keeps its slots to itself
+        optimizer = None
+    return clone.get_weights(), optimizer, updates
+
+
+def _give(model, weights, optimizer_weights, updates: int):
+    """The user's model gets the trained weights and optimizer state: its ``iterations`` is the shared count."""
+    import tf_keras
+    model.set_weights(weights)
+    optimizer = model.optimizer
+    with _graph_of(model).as_default():
+        if optimizer_weights is not None and hasattr(optimizer, "_create_all_weights"):
+            # A model that never trained here has no slots yet: make them, as its first update would.
+            optimizer._create_all_weights(model.trainable_weights)
+            try:
+                optimizer.set_weights(optimizer_weights)
+                return
+            except ValueError as e:   # another structure (a custom optimizer): the update count still goes over
+                log.debug("the optimizer's state stays on the cluster: %s", e)
+        tf_keras.backend.set_value(optimizer.iterations, updates)
+
+
+def route_fit_through_cluster():
+    """Make tf-keras's graph-mode ``Model.fit`` train on TF_CONFIG's cluster (TF1 mode calls this)."""
+    global _original_fit
+    from tf_keras.src.engine import training_v1
+    if _original_fit is not None:
+        return
+    _original_fit = training_v1.Model.fit
+
+    def fit_on_cluster(self, x=None, y=None, **kwargs):
+        return fit(self, x, y, **kwargs)
+    fit_on_cluster.__doc__ = _original_fit.__doc__
+    fit_on_cluster.__wrapped__ = _original_fit
+    training_v1.Model.fit = fit_on_cluster
