@@ -60,7 +60,17 @@ def test_the_wheel_has_one_version_a_python_range_and_tensorflow_only_as_extras(
     assert 'tensorflow-cpu==2.21.*; extra == "tensorflow-cpu"' in requires
     assert 'tf-keras==2.21.*; extra == "legacy"' in requires
     assert "tfcluster = tfcluster.cli:main" in entry_points
-    assert not os.path.exists(os.path.join(REPO, "setup.py"))
+
+
+def test_setup_py_is_a_shim_that_reads_its_metadata_from_pyproject():
+    # For tools that still run ``python setup.py develop``; a setup.py with metadata of its own once
+    # pinned another TensorFlow than pyproject.toml did.
+    with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
+        assert f.read().split() == ["from", "setuptools", "import", "setup", "setup()"]
+    r = subprocess.run([sys.executable, "setup.py", "--name", "--version"], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["tfcluster", tfcluster.__version__]
 
 
 def _link_distribution(name: str, into):
