@@ -202,6 +202,7 @@ def rows(quick, steps):
     out.update({
         "tfcluster_async_tf_threads": ("mlp", "tfcluster",
                                        lambda: run_local(mlp("async"), extra=["--threads-per-task", "0"])),
+        "tfcluster_async_autotune": ("mlp", "tfcluster", lambda: run_local(mlp("async", steps, "--autotune"))),
         "tfcluster_sync": ("mlp", "tfcluster", lambda: run_local(mlp("sync"))),
         "tfcluster_sync_bf16": ("mlp", "tfcluster", lambda: run_local(mlp("sync"), extra=bf16)),
         "tf2_pss": ("mlp", "TF2 PSS", lambda: run_tf2_pss(steps)),

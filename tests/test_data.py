@@ -1,6 +1,9 @@
-"""Data: the shipped digits load offline, and real MNIST-format files load from disk."""
+"""Data: the shipped digits load offline, real MNIST-format files load from disk, pipelines run without
+tf.data's autotune thread unless the program chose it."""
 
 import gzip
+import json
+import os
 
 import numpy as np
 import pytest
@@ -110,3 +113,90 @@ def test_big_arrays_an_input_fn_gives_tf_data_stay_out_of_the_graph_and_read_the
     with tf.Graph().as_default() as g:
         tf.data.Dataset.from_tensor_slices(x)
         assert len(g.as_graph_def().SerializeToString()) > (2 << 20)
+
+
+# ------------------------------------------------------------------ tf.data's autotune thread
+def autotune_choices(graph):
+    """Each ``with_options`` dataset's autotune choice in ``graph``, in the order they were made (None: unset)."""
+    from tensorflow.core.framework import dataset_options_pb2
+    out = []
+    for op in graph.get_operations():
+        if op.type == "OptionsDataset":
+            options = dataset_options_pb2.Options()
+            options.ParseFromString(op.get_attr("serialized_options"))
+            out.append(options.autotune_options.enabled if options.autotune_options.HasField("enabled") else None)
+    return out
+
+
+def _dataset(explicit=None):
+    import tensorflow as tf
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((64, 4), np.float32), np.zeros(64, np.int64)))
+    if explicit is not None:
+        options = tf.data.Options()
+        options.autotune.enabled = explicit
+        ds = ds.with_options(options)
+    return ds
+
+
+@pytest.mark.parametrize("explicit", [None, True, False], ids=["unset", "on by the program", "off by the program"])
+def test_a_pipeline_runs_without_the_autotune_thread_unless_the_program_chose(explicit):
+    import tensorflow as tf
+
+    from tfcluster.data import without_autotune_thread
+    with tf.Graph().as_default() as g:
+        without_autotune_thread(_dataset(explicit))
+        assert autotune_choices(g) == ([False] if explicit is None else [explicit])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("explicit", [None, True], ids=["unset", "on by the program"])
+def test_fit_and_the_estimator_read_input_without_the_autotune_thread_unless_the_program_chose(explicit, tmp_path):
+    import tensorflow as tf
+
+    import tfcluster
+    from tfcluster.estimator.calls import call_input_fn
+    from tfcluster.strategies import ModelOutput
+    tf1 = tf.compat.v1
+    graphs = []
+
+    class Capture(tfcluster.Hook):
+        def begin(self):
+            graphs.append(tf1.get_default_graph())
+
+    def model_fn(features, labels, mode):
+        logits = tf.matmul(features, tf1.get_variable("w", [4, 2]))
+        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        return ModelOutput(predictions=tf.argmax(logits, 1), per_example_loss=loss)
+    tfcluster.fit(model_fn, lambda ctx: _dataset(explicit).batch(ctx.per_replica_batch), steps=2, batch_size=8,
+                  optimizer=lambda: tf1.train.GradientDescentOptimizer(0.1), hooks=[Capture()], log_every_secs=60,
+                  summary_steps=None)
+    assert autotune_choices(graphs[0])[-1] is (False if explicit is None else True)
+    with tf.Graph().as_default() as g:
+        call_input_fn(lambda: _dataset(explicit).batch(8), "train", {}, None, "/cpu:0")
+        assert autotune_choices(g)[-1] is (False if explicit is None else True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_tf1_scripts_own_iterators_run_without_the_autotune_thread_unless_it_chose(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import base_env
+    script = tmp_path / "iterators.py"
+    script.write_text(
+        "import json, tensorflow as tf\n"
+        "from test_data import autotune_choices\n"
+        "plain = tf.data.Dataset.range(4)\n"
+        "plain.make_one_shot_iterator(); tf.data.make_initializable_iterator(plain)\n"
+        "options = tf.data.Options(); options.autotune.enabled = True\n"
+        "tf.data.make_one_shot_iterator(plain.with_options(options))\n"
+        "print('CHOICES', json.dumps(autotune_choices(tf.get_default_graph())))\n")
+    env = base_env(PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
+                                               base_env().get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", str(script)], env=env, capture_output=True, text=True,
+                       timeout=100)
+    assert r.returncode == 0, r.stderr[-3000:]
+    choices = json.loads(r.stdout.split("CHOICES ", 1)[1])
+    # One off for each of the first two iterators; the third keeps the script's own choice, untouched.
+    assert choices == [False, False, True]

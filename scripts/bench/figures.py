@@ -27,6 +27,7 @@ COLOURS = {"tfcluster": "#4477aa", "raw TF1": "#ee6677", "TF2 PSS": "#228833", "
 #: Throughput rows grouped by what is compared, for the absolute plot.
 GROUPS = {
     "MLP on 1 ps + 2 workers": ["tfcluster_async", "tfcluster_async_bf16", "tfcluster_async_tf_threads",
+                                "tfcluster_async_autotune",
                                 "raw_tf1_async", "tf2_pss", "tfcluster_sync", "tfcluster_sync_bf16",
                                 "tfcluster_async_1w"],
     "MLP in one process, and all-reduce": ["single_b128", "single_b256", "mirrored_2", "mirrored_4", "central_2",
@@ -107,6 +108,8 @@ def figures(runs, thr, extra):
     pair("W1 bfloat16 wire / float32 wire, sync", "tfcluster_sync_bf16", "tfcluster_sync", "mlp", "tfcluster")
     pair("threads sized by tfcluster / TF's own (async)", "tfcluster_async", "tfcluster_async_tf_threads", "mlp",
          "tfcluster")
+    pair("input without / with tf.data's autotune thread (async)", "tfcluster_async", "tfcluster_async_autotune",
+         "mlp", "tfcluster", ">= 0.95")
     pair("collective: bfloat16 / float32 all-reduce", "collective_2w_bf16", "collective_2w", "mlp", "tfcluster")
     pair("async 2 workers / async 1 worker", "tfcluster_async", "tfcluster_async_1w", "mlp", "tfcluster")
     for n in (2, 4):
@@ -140,6 +143,9 @@ def _startup(out, runs, extra, add):
             f"<= {imp + 2:.1f} (TF import {imp:.1f} + 2)", unit="s")
         add("P6 s last step to every process gone", [_teardown_seconds(r) for r in runs["tfcluster_async"]],
             "startup", "tfcluster", "<= 2", unit="s")
+    if runs.get("tfcluster_async_autotune"):
+        add("P6 with tf.data's autotune thread (the input's own choice)",
+            [_teardown_seconds(r) for r in runs["tfcluster_async_autotune"]], "startup", "tfcluster", "peer", unit="s")
     if runs.get("raw_tf1_async"):
         add("P5 s launch to every first step (raw TF1)", [_first_steps_after_launch(r) for r in runs["raw_tf1_async"]],
             "startup", "raw TF1", "peer", unit="s")

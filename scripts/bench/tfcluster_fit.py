@@ -27,6 +27,8 @@ p.add_argument("--model", choices=("mlp", "big", "cnn"), default="mlp")
 p.add_argument("--steps", type=int, default=2000, help="global steps")
 p.add_argument("--batch", type=int, default=None, help="per-replica batch (default: the model's, 128 or 64)")
 p.add_argument("--devices", type=int, default=None, help="towers per process (virtual CPUs without GPUs)")
+p.add_argument("--autotune", action="store_true",
+               help="the input turns tf.data's autotune on itself (tfcluster then keeps its thread)")
 a = p.parse_args()
 hidden, default_batch = MODELS.get(a.model, MODELS["mlp"])
 a.batch = a.batch or default_batch
@@ -47,6 +49,10 @@ else:
 
 def input_fn(ctx):
     ds = tf.data.Dataset.from_tensor_slices((data_x, data_y)).repeat()
+    if a.autotune:
+        options = tf.data.Options()
+        options.autotune.enabled = True
+        ds = ds.with_options(options)
     return ds.batch(ctx.per_replica_batch, drop_remainder=True)
 
 

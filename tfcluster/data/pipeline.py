@@ -1,8 +1,10 @@
-"""How input becomes each worker's pipeline: big numpy arrays stay out of the graph.
+"""How input becomes each worker's pipeline: big numpy arrays stay out of the graph, no autotune thread.
 
 An input function that makes a dataset from numpy arrays puts them in the
 graph; :func:`arrays_outside_the_graph` keeps the big ones out (a start-up
-cost, P5 in scripts/bench.py).
+cost, P5 in scripts/bench.py). Every pipeline tfcluster reads runs without
+tf.data's autotune thread (:func:`without_autotune_thread`), which held a
+finished trainer's exit for up to a minute (P6).
 """
 
 import contextlib
@@ -72,3 +74,31 @@ def _lift(value, min_bytes):
     if isinstance(value, dict):
         return type(value)((k, _lift(v, min_bytes)) for k, v in value.items())
     return value
+
+
+# ------------------------------------------------------------------ tf.data's autotune thread
+def without_autotune_thread(dataset):
+    """``dataset`` without tf.data's autotune thread, unless the program set autotune itself.
+
+    The thread (tf.data's ``Model::OptimizeLoop``) sleeps between rounds for
+    a period that doubles up to 60 s, and an iterator that goes away waits for
+    it: a finished trainer's ``session.close()`` took 11.6-24 s in 3 of 10
+    runs. Without it, the pipeline's AUTOTUNE buffers and parallelism keep
+    their starting values, which cost no throughput on tfcluster's pipelines
+    (``python scripts/bench.py --rows tfcluster_async,tfcluster_async_autotune``
+    measures both). A program that set ``options.autotune.enabled`` keeps its
+    choice.
+    """
+    import warnings
+
+    import tensorflow as tf
+    with warnings.catch_warnings():
+        # In graph mode TF warns that options() gives what with_options set in this program, which is what
+        # is asked here: the program's own choice.
+        warnings.simplefilter("ignore", UserWarning)
+        chosen = dataset.options()._to_proto().autotune_options.HasField("enabled")
+    if chosen:
+        return dataset
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)

@@ -6,6 +6,7 @@ import inspect
 import tensorflow as tf
 
 from ..core.errors import ModelFnError
+from ..data.pipeline import without_autotune_thread
 from ..graph.model import split_element
 from .spec import EstimatorSpec
 
@@ -72,7 +73,7 @@ def call_input_fn(input_fn, mode, params, config, device: str = "/cpu:0"):
     with tf1.device(device):
         result = input_fn(**kwargs)
         if isinstance(result, tf.data.Dataset):
-            iterator = tf1.data.make_initializable_iterator(result)
+            iterator = tf1.data.make_initializable_iterator(without_autotune_thread(result))
             features, labels = split_element(iterator.get_next())
             return features, labels, [iterator.initializer]
     if isinstance(result, (tuple, list)):

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..core.errors import SpecError
+from ..data.pipeline import without_autotune_thread
 from ..graph.placement import ByteBalancedSetter
 from ..graph.step import TrainGraph
 from ..strategies.sync_replicas import for_keras
@@ -97,8 +98,9 @@ def into_graph(dataset, graph, device: str):
     with graph.as_default(), tf1.device(device):
         held = tf1.Variable(definition, dtype=tf.string, trainable=False, name="tfcluster_dataset",
                             collections=[tf1.GraphKeys.LOCAL_VARIABLES])
-        return tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=held.read_value()),
-                                                 dataset.element_spec)
+        moved = tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=held.read_value()),
+                                                  dataset.element_spec)
+        return without_autotune_thread(moved)
 
 
 def prepare_for(clone, x, y=None, sample_weight=None, class_weight=None):

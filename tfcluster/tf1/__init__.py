@@ -211,7 +211,8 @@ def install_session_fixes(ready_poll_secs=None, retry_duplicates: bool = True):
     For scripts that use ``tensorflow.compat.v1`` themselves: readiness polled
     every 0.2 s (as tfcluster's own sessions), a closing session that does not wait two minutes, false
     duplicates rerun, every recovery said out loud, a non-chief's sessions
-    limited to the ps and itself, and a word when a trainer trains a private copy.
+    limited to the ps and itself, a word when a trainer trains a private copy,
+    and iterators without tf.data's autotune thread.
     """
     from . import robust
     ready_poll_secs = _seconds(READY_POLL_ENV, DEFAULT_READY_POLL_SECS) if ready_poll_secs is None \
@@ -226,6 +227,7 @@ def install_session_fixes(ready_poll_secs=None, retry_duplicates: bool = True):
         rerun_in_every_session()
     robust.warn_on_recovery()
     robust.cluster_sessions()
+    robust.iterators_without_autotune_thread()
 
 
 def _quiet_deprecations(deprecation):

@@ -31,6 +31,12 @@ QueueRunnerThread-sync_token_q...") lands in the middle of the script's last
 lines as the interpreter exits. :func:`quiet_late_queue_runners` lets such a
 thread end quietly: the run it served is already over.
 
+**Minute-long exits after tf.data.** An iterator that goes away waits for
+tf.data's autotune thread, which sleeps up to 60 s between rounds: a script's
+session close could take that long. :func:`iterators_without_autotune_thread`
+makes the script's iterators without it, unless the script chose autotune
+itself (:func:`tfcluster.data.pipeline.without_autotune_thread`).
+
 **Slow readiness polls** (pitfalls item 4). :func:`fast_ready_polling` makes
 SessionManager poll "is the model ready?" every 0.2 s (tfcluster's READY_POLL_SECS) instead of every 30 s
 when the script did not choose another interval.
@@ -155,6 +161,26 @@ def quiet_late_queue_runners():
 
     _run.__wrapped__ = original
     qr.QueueRunner._run = _run
+
+
+def iterators_without_autotune_thread():
+    """Every iterator a script makes (``make_one_shot_iterator``, ``make_initializable_iterator``, as functions
+    or methods) reads its dataset without tf.data's autotune thread, unless the script set autotune."""
+    with _lock:
+        if "iterators" in _patched:
+            return
+        _patched.add("iterators")
+    from tensorflow.python.data.ops import dataset_ops
+
+    from ..data.pipeline import without_autotune_thread
+    v1 = dataset_ops.DatasetV1
+    for name in ("_make_one_shot_iterator", "_make_initializable_iterator"):
+        original = getattr(v1, name)
+
+        def make(self, *args, _original=original, **kwargs):
+            return _original(without_autotune_thread(self), *args, **kwargs)
+        make.__wrapped__, make.__doc__ = original, original.__doc__
+        setattr(v1, name, make)
 
 
 def cluster_sessions():

@@ -13,6 +13,7 @@ import os
 from typing import Optional
 
 from ..core.errors import ModelFnError, SpecError, TfclusterError
+from ..data.pipeline import without_autotune_thread
 from ..graph.model import InputContext, Mode, call_model_fn, make_dataset, per_example_losses, split_element
 from ..runtime.checkpoints import checkpoint_step, resolve_checkpoint, restore_error
 from .evaluator import EVALUATOR_TIMEOUT_SECS, watch_checkpoints
@@ -36,7 +37,8 @@ class _EvalGraph:
         self.graph = tf1.Graph()
         with self.graph.as_default():
             ds = make_dataset(input_fn, InputContext(1, 0, batch_size, 1))
-            self.iterator = tf1.data.make_initializable_iterator(ds.prefetch(tf.data.experimental.AUTOTUNE))
+            self.iterator = tf1.data.make_initializable_iterator(
+                without_autotune_thread(ds.prefetch(tf.data.experimental.AUTOTUNE)))
             features, labels = split_element(self.iterator.get_next())
             if mode == Mode.EVAL and labels is None:
                 raise ModelFnError("evaluate needs an input_fn whose dataset yields (features, labels)")

@@ -30,6 +30,7 @@ from typing import Callable, Optional
 from .. import strategies
 from ..core.checks import seconds, whole_number
 from ..core.errors import SpecError
+from ..data.pipeline import without_autotune_thread
 from ..graph.model import make_dataset, split_element
 from ..graph.placement import human_bytes, placement_report
 from ..runtime.checkpoints import prepare_checkpoint_dir
@@ -218,7 +219,8 @@ class _FitRun:
                 tf1.set_random_seed(config.seed)
             with s.input_scope():
                 ds = make_dataset(input_fn, s.input_context(self.batch_size))
-                iterator = tf1.data.make_initializable_iterator(ds.repeat().prefetch(tf.data.experimental.AUTOTUNE))
+                iterator = tf1.data.make_initializable_iterator(
+                    without_autotune_thread(ds.repeat().prefetch(tf.data.experimental.AUTOTUNE)))
 
             def next_batch():
                 with s.input_scope():
