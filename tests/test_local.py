@@ -163,6 +163,15 @@ def test_the_ps_is_hosted_by_tfcluster_start_and_the_workers_run_the_command(tra
 
 
 @pytest.mark.slow
+def test_a_ps_told_every_trainer_is_done_says_it_exits_and_takes_the_launchers_stop_without_a_drain(trained):
+    ps = [line for line in trained.lines if line.startswith("[ps:0] ")]
+    assert any(line.endswith("every trainer is done; ps:0 exits") for line in ps), "\n".join(ps)
+    # The launcher's SIGTERM reaches a ps that is leaving anyway: announcing a drain would contradict it.
+    assert not any("got SIGTERM" in line for line in ps), "\n".join(ps)
+    assert ps[-1].endswith("ps:0 stopped (all trainers done)")
+
+
+@pytest.mark.slow
 def test_every_task_line_is_shown_prefixed_with_its_task_and_the_launcher_lines_with_tfcluster(trained):
     for task in ("ps:0", "worker:0", "worker:1"):
         assert any(line.startswith(f"[{task}] ") for line in trained.lines), task

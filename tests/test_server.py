@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import textwrap
+import threading
 
 import psutil
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from conftest import base_env, no_process_left, run_cli, wait_until
 from tfcluster.topology.cluster import Cluster, Task
 from tfcluster.topology.ports import port_is_free
+from tfcluster.runtime import shutdown
 from tfcluster.runtime.server import probe
 
 #: A line tfcluster itself writes: a timestamped log line or the one error line.
@@ -190,6 +192,27 @@ def test_sigterm_ends_a_hosted_ps_and_worker_with_exit_0_and_frees_their_ports(t
         assert f"{who} stopped (signal)" in out
         assert_only_own_lines(out, who)
     assert no_process_left(pids)
+
+
+def test_a_ps_sigterm_drains_while_a_trainer_may_answer_but_not_once_every_trainer_is_done(ports, monkeypatch):
+    p_ps, p_w = ports(2)
+    cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]}, Task("ps", 0))
+    said = []
+    monkeypatch.setattr(shutdown.log, "info", lambda fmt, *args: said.append(fmt % args))
+
+    # Trainers still out: the SIGTERM is taken over and said; the drain stops the ps once none answers.
+    stop = threading.Event()
+    assert shutdown.drain_on_sigterm(cluster, stop, grace=30, done=threading.Event())(signal.SIGTERM) is True
+    assert said == ["ps:0 got SIGTERM: serving on while a trainer still answers (at most 30s), so the chief can "
+                    "write its last checkpoint"]
+    assert stop.wait(10)
+
+    # Every trainer done: the ps is leaving anyway, so the signal is the caller's to stop on, unannounced.
+    said.clear()
+    stop, done = threading.Event(), threading.Event()
+    done.set()
+    assert shutdown.drain_on_sigterm(cluster, stop, grace=30, done=done)(signal.SIGTERM) is False
+    assert said == [] and not stop.is_set()
 
 
 def test_a_port_in_use_is_refused_in_one_line_naming_the_task_port_and_holder(ports):

@@ -2,7 +2,8 @@
 
 It reads its cluster and task from TF_CONFIG. Each worker then waits (bounded)
 until the counter holds every worker's increments, which proves that all of
-them reached the same variable on the same ps.
+them reached the same variable on the same ps, and tells the ps it is done,
+as fit does.
 
   --fail-task worker:1 --exit-code 3   that task exits 3 at once
   --die-first-run worker:1             that task serves, prints "ready to be killed" and
@@ -61,3 +62,4 @@ with tf1.Graph().as_default():
                 sys.exit(f"{me}: counter stuck at {sess.run(counter)} of {total}")
             time.sleep(0.1)
         print(f"total {sess.run(counter)}", flush=True)
+tfcluster.signal_done(cluster)

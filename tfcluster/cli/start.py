@@ -135,9 +135,10 @@ def _host_server(cluster: Cluster, args) -> int:
     from ..runtime.shutdown import drain_on_sigterm, serve_until_done
     task = cluster.task
     prepare_this_process(args.verbose, hosted_server=True)
-    stop = threading.Event()
+    stop, done = threading.Event(), threading.Event()
     done_aware = task.job == "ps" and not args.no_exit_when_done
-    _install_stop_handlers(stop, hold=drain_on_sigterm(cluster, stop, args.stop_grace) if done_aware else None)
+    # Once every trainer is done, the launcher's SIGTERM only cuts the ps's linger short: no drain to announce.
+    _install_stop_handlers(stop, hold=drain_on_sigterm(cluster, stop, args.stop_grace, done) if done_aware else None)
     server = start_server(cluster)
     log.info("%s is up at %s; Ctrl-C to stop", task, cluster.address(task))
     _warn_if_exposed(cluster)
@@ -154,7 +155,7 @@ def _host_server(cluster: Cluster, args) -> int:
         log.info("%s reaches its ps task(s); hosting until Ctrl-C", task)
     if done_aware:
         log.info("it exits once all %d trainer(s) are done", cluster.num_replicas)
-    how = serve_until_done(server, cluster, stop=stop, exit_when_done=done_aware)
+    how = serve_until_done(server, cluster, stop=stop, exit_when_done=done_aware, done=done)
     log.info("%s stopped (%s)", task, how.value)
     # The gRPC server cannot be stopped (Server.stop is unimplemented) and
     # TF's interpreter teardown takes most of a second; a server holds

@@ -52,14 +52,17 @@ def _done_queue(ps: Task):
                              shared_name=f"tfcluster_done_{ps.job}_{ps.index}", name="tfcluster_done")
 
 
-def drain_on_sigterm(cluster: Cluster, stop: threading.Event, grace: float = STOP_GRACE_SECS):
+def drain_on_sigterm(cluster: Cluster, stop: threading.Event, grace: float = STOP_GRACE_SECS,
+                     done: Optional[threading.Event] = None):
     """A ps's ``hold(signum)``: its first SIGTERM keeps it serving while a trainer answers (at most ``grace`` s).
 
     A scheduler sends SIGTERM to every task at once; a ps that left at once
     would take the model with it while the chief writes its last checkpoint
     (preemption.py). Once no trainer answers, or after ``grace``, it sets
     ``stop``. Returns True when it took the signal over; a second SIGTERM, or
-    another signal, is the caller's to stop on at once.
+    another signal, is the caller's to stop on at once. So is a SIGTERM once
+    ``done`` is set (:func:`serve_until_done` sets it when every trainer is
+    done): that ps is leaving anyway, with no checkpoint left to wait for.
     """
     draining = []
 
@@ -73,7 +76,7 @@ def drain_on_sigterm(cluster: Cluster, stop: threading.Event, grace: float = STO
 
     def hold(signum) -> bool:
         import signal
-        if signum != signal.SIGTERM or draining or grace <= 0:
+        if signum != signal.SIGTERM or draining or grace <= 0 or (done is not None and done.is_set()):
             return False
         log.info("%s got SIGTERM: serving on while a trainer still answers (at most %gs), so the chief can "
                  "write its last checkpoint", cluster.task, grace)
@@ -84,13 +87,13 @@ def drain_on_sigterm(cluster: Cluster, stop: threading.Event, grace: float = STO
 
 
 @contextlib.contextmanager
-def _sigterm_drains(cluster: Cluster, stop: threading.Event, grace: float):
+def _sigterm_drains(cluster: Cluster, stop: threading.Event, grace: float, done: threading.Event):
     """While a library caller serves (fit's, the Estimator's, Keras's ps role): SIGTERM drains, then stops."""
     import signal
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    hold = drain_on_sigterm(cluster, stop, grace)
+    hold = drain_on_sigterm(cluster, stop, grace, done)
 
     def handler(signum, _frame):
         if not hold(signum):
@@ -104,21 +107,24 @@ def _sigterm_drains(cluster: Cluster, stop: threading.Event, grace: float):
 
 def serve_until_done(server, cluster: Cluster, task: Optional[Task] = None,
                      stop: Optional[threading.Event] = None, exit_when_done: bool = True,
-                     stop_grace: float = STOP_GRACE_SECS) -> Served:
+                     stop_grace: float = STOP_GRACE_SECS, done: Optional[threading.Event] = None) -> Served:
     """Host a ps task until every trainer has said it is done, or ``stop`` is set.
 
     Without a ``stop`` of the caller's, a SIGTERM stops it once no trainer
     answers, at most ``stop_grace`` s later (:func:`drain_on_sigterm`).
-    Returns how it ended (:class:`Served`).
+    ``done`` is set once every trainer is done (a caller's, to share with
+    its :func:`drain_on_sigterm`). Returns how it ended (:class:`Served`).
     """
+    done = threading.Event() if done is None else done
     if stop is None:
         stop = threading.Event()
-        with _sigterm_drains(cluster, stop, stop_grace):
-            return _serve(server, cluster, task, stop, exit_when_done)
-    return _serve(server, cluster, task, stop, exit_when_done)
+        with _sigterm_drains(cluster, stop, stop_grace, done):
+            return _serve(server, cluster, task, stop, exit_when_done, done)
+    return _serve(server, cluster, task, stop, exit_when_done, done)
 
 
-def _serve(server, cluster: Cluster, task: Optional[Task], stop: threading.Event, exit_when_done: bool) -> Served:
+def _serve(server, cluster: Cluster, task: Optional[Task], stop: threading.Event, exit_when_done: bool,
+           done: threading.Event) -> Served:
     import tensorflow as tf
     tf1 = tf.compat.v1
     t = cluster.this_task(task)
@@ -141,6 +147,8 @@ def _serve(server, cluster: Cluster, task: Optional[Task], stop: threading.Event
                 seen.add(who)
                 log.info("%s is done (%d of %d)", who, len(seen), len(expected))
             if seen >= expected:
+                # Before the line: a SIGTERM from here on ends the linger below without a drain of its own.
+                done.set()
                 log.info("every trainer is done; %s exits", t)
                 # The last trainer's enqueue reply and session close are
                 # still in flight; leaving at once made it wait out its RPC
