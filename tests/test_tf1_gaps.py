@@ -5,11 +5,13 @@
   ``make_callable``), so MonitoredTrainingSession never restarts from a checkpoint for it;
 - a non-chief that starts after its chief finished and exited still ends: its sessions see only the ps and
   itself (``--session-fixes-only``, for scripts that import ``tensorflow.compat.v1`` themselves);
-- a trainer of a cluster with ps tasks that trains a private copy in a local session says so.
+- a trainer of a cluster with ps tasks that trains a private copy in a local session says so;
+- each ``tf.logging`` line shows once, in TF's format, or in absl's once ``tf.app.run`` set absl's logging up.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -147,6 +149,41 @@ with tf.Session() as sess:
     sess.run(train)
 print("trained")
 '''
+
+
+# Logs before tf.app.run (TF's own handler only), then inside it (absl's handler on the root logger too).
+LOGGING = r'''
+import tensorflow as tf
+tf.logging.set_verbosity(tf.logging.INFO)
+tf.logging.info("before app.run")
+
+def main(_):
+    tf.logging.info("inside main")
+    step = tf.assign_add(tf.train.get_or_create_global_step(), 1)
+    hooks = [tf.train.StepCounterHook(every_n_steps=10), tf.train.StopAtStepHook(last_step=35)]
+    with tf.train.MonitoredTrainingSession(hooks=hooks) as sess:
+        while not sess.should_stop():
+            sess.run(step)
+
+tf.app.run()
+'''
+ABSL_LINE = r"^I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "
+
+
+@pytest.mark.timeout(120)
+def test_each_tf_logging_line_shows_once_in_tfs_format_or_in_absls_after_tf_app_run(tmp_path):
+    r = run_tf1(tmp_path, LOGGING)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stderr.splitlines()
+
+    def shown(message):
+        return [line for line in lines if line.endswith(message)]
+    assert shown("before app.run") == ["INFO:tensorflow:before app.run"]
+    inside = shown("inside main")
+    assert len(inside) == 1 and re.match(ABSL_LINE + "inside main$", inside[0]), inside
+    rates = [line for line in lines if "global_step/sec: " in line]
+    assert len(rates) >= 2 and all(re.match(ABSL_LINE + r"global_step/sec: [\d.]+$", line) for line in rates), rates
+    assert len(shown("Graph was finalized.")) == 1
 
 
 @pytest.mark.timeout(120)

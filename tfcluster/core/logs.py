@@ -7,7 +7,9 @@ the programs do, here:
 - the local launcher: ``[tfcluster] message`` lines among its tasks' prefixed
   lines, errors on stderr (:func:`use_prefixed_logging`);
 - TF1 mode: ``tfcluster: warning: message``, the shape of the CLI's one-line
-  errors, unless the script set up the logger itself (:func:`setup_tf1_logging`).
+  errors, unless the script set up the logger itself (:func:`setup_tf1_logging`);
+  and the script's own ``tf.logging`` lines once each, in the format it chose
+  (:func:`tensorflow_lines_once`).
 
 ``TFCLUSTER_DEBUG=1`` shows debug lines everywhere.
 """
@@ -63,6 +65,29 @@ def setup_tf1_logging():
     handler.addFilter(_LevelName())
     handler.setFormatter(logging.Formatter("tfcluster: %(level_name)s: %(message)s"))
     _install(handler, logging.DEBUG if debug_wanted() else logging.INFO)
+
+
+class _ShownByRoot(logging.Filter):
+    """On TensorFlow's own handler: drops a record that a handler of the root logger shows as well."""
+
+    def filter(self, record):
+        if not logging.getLogger("tensorflow").propagate:
+            return True
+        return not any(record.levelno >= h.level for h in logging.getLogger().handlers)
+
+
+def tensorflow_lines_once():
+    """One line per ``tf.logging`` message: the ``tensorflow`` logger's handlers yield to the root logger's.
+
+    TensorFlow gives its logger a handler of its own when the root logger has
+    none yet. absl's ``app.run`` (``tf.app.run``) then puts absl's handler on
+    the root logger, and each message showed twice, in TF's format and in
+    absl's. The program's choice wins: absl's (or any root handler's) format
+    once it has one, TF's otherwise. Call it once TF's logger exists.
+    """
+    for handler in logging.getLogger("tensorflow").handlers:
+        if not any(isinstance(f, _ShownByRoot) for f in handler.filters):
+            handler.addFilter(_ShownByRoot())
 
 
 class PrefixedLogHandler(logging.Handler):

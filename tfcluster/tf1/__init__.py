@@ -31,6 +31,7 @@ import types
 from ..core import environment
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import TF1RemovedError
+from ..core.logs import tensorflow_lines_once
 from ..topology.taskenv import legacy_keras_available, prepare_this_process
 from ..runtime.server import READY_POLL_SECS
 from ..training.session import THREAD_GRACE_SECS
@@ -212,8 +213,10 @@ def install_session_fixes(ready_poll_secs=None, retry_duplicates: bool = True):
     every 0.2 s (as tfcluster's own sessions), a closing session that does not wait two minutes, false
     duplicates rerun, every recovery said out loud, a non-chief's sessions
     limited to the ps and itself, a word when a trainer trains a private copy,
-    and iterators without tf.data's autotune thread.
+    iterators without tf.data's autotune thread, and each ``tf.logging`` line
+    once, also after ``tf.app.run`` set up absl's logging.
     """
+    from tensorflow.python.platform import tf_logging
     from . import robust
     ready_poll_secs = _seconds(READY_POLL_ENV, DEFAULT_READY_POLL_SECS) if ready_poll_secs is None \
         else ready_poll_secs
@@ -228,6 +231,8 @@ def install_session_fixes(ready_poll_secs=None, retry_duplicates: bool = True):
     robust.warn_on_recovery()
     robust.cluster_sessions()
     robust.iterators_without_autotune_thread()
+    tf_logging.get_logger()     # TF's handler is on its logger from here on, before the script can log
+    tensorflow_lines_once()
 
 
 def _quiet_deprecations(deprecation):
