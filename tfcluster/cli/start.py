@@ -132,7 +132,7 @@ def run(args) -> int:
 
 def _host_server(cluster: Cluster, args) -> int:
     from ..runtime.server import start_server, wait_for_cluster
-    from ..runtime.shutdown import drain_on_sigterm, serve_until_done
+    from ..runtime.shutdown import Served, drain_on_sigterm, serve_until_done
     task = cluster.task
     prepare_this_process(args.verbose, hosted_server=True)
     stop, done = threading.Event(), threading.Event()
@@ -156,7 +156,8 @@ def _host_server(cluster: Cluster, args) -> int:
     if done_aware:
         log.info("it exits once all %d trainer(s) are done", cluster.num_replicas)
     how = serve_until_done(server, cluster, stop=stop, exit_when_done=done_aware, done=done)
-    log.info("%s stopped (%s)", task, how.value)
+    # Here only a signal handler sets ``stop``: the line reads the same whether it came before or after the ps answered.
+    log.info("%s stopped (%s)", task, "signal" if how is Served.STOPPED else how.value)
     # The gRPC server cannot be stopped (Server.stop is unimplemented) and
     # TF's interpreter teardown takes most of a second; a server holds
     # nothing to save, so leave at once.
