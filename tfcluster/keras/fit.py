@@ -140,7 +140,9 @@ class ClusterFit:
         self.name = str(cluster.task)
         self.trainers = cluster.trainers()
         self.index, self.is_chief = self.trainers.index(cluster.task), cluster.is_chief
-        self.dir = os.path.abspath(checkpoint_dir or default_checkpoint_dir(model.name))
+        # The chief's dir; a worker knows it too when it is given or the run's (for its chief-lost line).
+        known = checkpoint_dir or (default_checkpoint_dir(model.name) if self.is_chief or run_id() else None)
+        self.dir = os.path.abspath(known) if known else None
         self.number = next(_fit_numbers)
 
     def fit(self, x, y, callbacks=None, **kwargs):

@@ -100,11 +100,13 @@ class ChiefHeartbeat(Hook):
             return
         if now - since >= self.timeout:
             from ..runtime.checkpoints import checkpoints_in
-            ckpts = checkpoints_in(self.checkpoint_dir) if self.checkpoint_dir else []
-            latest = f"its last checkpoint is {ckpts[-1]}" if ckpts else "it wrote no checkpoint"
+            latest = ""       # a worker that does not know the chief's checkpoint dir says nothing of it
+            if self.checkpoint_dir:
+                ckpts = checkpoints_in(self.checkpoint_dir)
+                latest = f"; its last checkpoint is {ckpts[-1]}" if ckpts else "; it wrote no checkpoint"
             raise ChiefLostError(f"{self.name}: the chief ({self.chief}) has not been heard from for {now - since:.0f}s "
                                  f"(chief_timeout_secs={self.timeout:g}): nobody saves the model any more, so this "
-                                 f"worker stops; {latest}. Restart the chief to go on (tfcluster local "
+                                 f"worker stops{latest}. Restart the chief to go on (tfcluster local "
                                  "--max-restarts restarts it, and it rejoins the live model)")
 
     def end(self, session):
