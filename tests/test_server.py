@@ -11,7 +11,9 @@ import socket
 import sys
 import textwrap
 import threading
+from concurrent import futures
 
+import grpc
 import psutil
 import pytest
 
@@ -194,18 +196,31 @@ def test_sigterm_ends_a_hosted_ps_and_worker_with_exit_0_and_frees_their_ports(t
     assert no_process_left(pids)
 
 
-def test_a_ps_sigterm_drains_while_a_trainer_may_answer_but_not_once_every_trainer_is_done(ports, monkeypatch):
+def test_a_ps_sigterm_drains_while_a_trainer_answers_but_not_once_every_trainer_is_done(ports, monkeypatch):
     p_ps, p_w = ports(2)
     cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]}, Task("ps", 0))
     said = []
     monkeypatch.setattr(shutdown.log, "info", lambda fmt, *args: said.append(fmt % args))
 
-    # Trainers still out: the SIGTERM is taken over and said; the drain stops the ps once none answers.
+    # A trainer answers: the SIGTERM is taken over and said; the drain stops the ps once none answers.
+    trainer = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    assert trainer.add_insecure_port(f"localhost:{p_w}") == p_w
+    trainer.start()
     stop = threading.Event()
     assert shutdown.drain_on_sigterm(cluster, stop, grace=30, done=threading.Event())(signal.SIGTERM) is True
+    wait_until(lambda: said, 10, "the drain's line")
     assert said == ["ps:0 got SIGTERM: serving on while a trainer still answers (at most 30s), so the chief can "
                     "write its last checkpoint"]
+    assert not stop.is_set()
+    trainer.stop(None).wait()
     assert stop.wait(10)
+
+    # No trainer answers (the launcher stops the ps after its trainers exited): the ps stops, unannounced.
+    said.clear()
+    stop = threading.Event()
+    assert shutdown.drain_on_sigterm(cluster, stop, grace=30, done=threading.Event())(signal.SIGTERM) is True
+    assert stop.wait(10)
+    assert said == []
 
     # Every trainer done: the ps is leaving anyway, so the signal is the caller's to stop on, unannounced.
     said.clear()

@@ -59,7 +59,7 @@ def drain_on_sigterm(cluster: Cluster, stop: threading.Event, grace: float = STO
     A scheduler sends SIGTERM to every task at once; a ps that left at once
     would take the model with it while the chief writes its last checkpoint
     (preemption.py). Once no trainer answers, or after ``grace``, it sets
-    ``stop``. Returns True when it took the signal over; a second SIGTERM, or
+    ``stop``; it says it drains only when a trainer answered. Returns True when it took the signal over; a second SIGTERM, or
     another signal, is the caller's to stop on at once. So is a SIGTERM once
     ``done`` is set (:func:`serve_until_done` sets it when every trainer is
     done): that ps is leaving anyway, with no checkpoint left to wait for.
@@ -67,10 +67,16 @@ def drain_on_sigterm(cluster: Cluster, stop: threading.Event, grace: float = STO
     draining = []
 
     def drain():
-        deadline = time.monotonic() + grace
+        deadline, said = time.monotonic() + grace, False
         while not stop.is_set() and time.monotonic() < deadline:
             if TaskState.UP not in probe(cluster, cluster.trainers(), timeout=0.5).values():
                 break
+            if not said:
+                # Only when a trainer is there to wait for: the launcher's SIGTERM after its trainers
+                # exited stops the ps with no drain to announce.
+                log.info("%s got SIGTERM: serving on while a trainer still answers (at most %gs), so the chief "
+                         "can write its last checkpoint", cluster.task, grace)
+                said = True
             stop.wait(0.5)
         stop.set()
 
@@ -78,8 +84,6 @@ def drain_on_sigterm(cluster: Cluster, stop: threading.Event, grace: float = STO
         import signal
         if signum != signal.SIGTERM or draining or grace <= 0 or (done is not None and done.is_set()):
             return False
-        log.info("%s got SIGTERM: serving on while a trainer still answers (at most %gs), so the chief can "
-                 "write its last checkpoint", cluster.task, grace)
         draining.append(threading.Thread(target=drain, name="tfcluster-drain", daemon=True))
         draining[0].start()
         return True
