@@ -136,6 +136,14 @@ def test_the_tutorials_keras_program_runs_unchanged_with_two_workers_and_a_ps(ke
     assert re.search(r"^\[worker:1\] +32/512 \[>\.+\] - ETA", keras_run.out, re.M)
 
 
+def test_the_keras_run_has_no_misleading_lines_from_tf_keras_or_the_ps(keras_run):
+    # The launcher sets OMP_NUM_THREADS for OpenMP, not for tf-keras, which warned of it at each session.
+    assert "OMP_NUM_THREADS" not in keras_run.out
+    # The launcher stops the ps once both trainers exited: it has no one to drain for, and says nothing of it.
+    assert "got SIGTERM" not in keras_run.out
+    assert "[ps:0] " in keras_run.out and re.search(r"^\[ps:0\] .*ps:0 stopped \(signal\)$", keras_run.out, re.M)
+
+
 def keras_checkpoints(run):
     """The chief's default checkpoint dir: tfcluster-keras/<the run's id>/<the model's name>."""
     run_id = re.search(r"^\[tfcluster\] run: (\S+) ", run.out, re.M).group(1)

@@ -9,7 +9,8 @@ the programs do, here:
 - TF1 mode: ``tfcluster: warning: message``, the shape of the CLI's one-line
   errors, unless the script set up the logger itself (:func:`setup_tf1_logging`);
   and the script's own ``tf.logging`` lines once each, in the format it chose
-  (:func:`tensorflow_lines_once`).
+  (:func:`tensorflow_lines_once`), without tf-keras's thread notice
+  (:func:`quiet_keras_thread_notice`, also under :func:`tfcluster.keras.fit`).
 
 ``TFCLUSTER_DEBUG=1`` shows debug lines everywhere.
 """
@@ -88,6 +89,24 @@ def tensorflow_lines_once():
     for handler in logging.getLogger("tensorflow").handlers:
         if not any(isinstance(f, _ShownByRoot) for f in handler.filters):
             handler.addFilter(_ShownByRoot())
+
+
+class _NotKerasThreadNotice(logging.Filter):
+    def filter(self, record):
+        return not str(record.msg).startswith("OMP_NUM_THREADS is no longer used by the default TF-Keras config")
+
+
+def quiet_keras_thread_notice():
+    """Drop tf-keras's warning that OMP_NUM_THREADS is unused, from the ``tensorflow`` logger.
+
+    The launcher sets OMP_NUM_THREADS for the program's OpenMP libraries
+    (topology/devices.py) beside TensorFlow's own thread variables; tf-keras
+    warns about it whenever it makes a session, which read as if something
+    were misconfigured.
+    """
+    logger = logging.getLogger("tensorflow")
+    if not any(isinstance(f, _NotKerasThreadNotice) for f in logger.filters):
+        logger.addFilter(_NotKerasThreadNotice())
 
 
 class PrefixedLogHandler(logging.Handler):

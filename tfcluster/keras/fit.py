@@ -29,6 +29,7 @@ import time
 import tensorflow as tf
 
 from ..core.errors import SpecError
+from ..core.logs import quiet_keras_thread_notice
 from ..graph.step import Hook
 from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..runtime.server import task_server
@@ -88,6 +89,7 @@ def fit(model, x=None, y=None, *, cluster=None, checkpoint_dir=None, sync=None, 
     ``max_recoveries``) set the session's options; every other keyword goes to
     tf-keras's ``fit``. Returns the History.
     """
+    quiet_keras_thread_notice()
     options = {k: kwargs.pop(k) for k in [f.name for f in dataclasses.fields(FitConfig)] if k in kwargs}
     config = (config or FitConfig()).replace(**options)
     if sync is None:

@@ -31,7 +31,7 @@ import types
 from ..core import environment
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import TF1RemovedError
-from ..core.logs import tensorflow_lines_once
+from ..core.logs import quiet_keras_thread_notice, tensorflow_lines_once
 from ..topology.taskenv import legacy_keras_available, prepare_this_process
 from ..runtime.server import READY_POLL_SECS
 from ..training.session import THREAD_GRACE_SECS
@@ -233,6 +233,7 @@ def install_session_fixes(ready_poll_secs=None, retry_duplicates: bool = True):
     robust.iterators_without_autotune_thread()
     tf_logging.get_logger()     # TF's handler is on its logger from here on, before the script can log
     tensorflow_lines_once()
+    quiet_keras_thread_notice()
 
 
 def _quiet_deprecations(deprecation):
