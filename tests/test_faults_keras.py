@@ -134,12 +134,14 @@ def test_keras_workers_notice_a_killed_ps_at_once_and_the_chief_restores_the_las
                                  after=f["ps_kill_t"])
     restored = int(m.group(1))
     assert restored == f["saves_before_ps_kill"][-1]
+    # Training goes on from the checkpoint: a batch line read after the restore shows its count, or a few more
+    # (the batch that failed with the ps reads the restored counter; the other worker's updates may be in it).
     resumed = min(n for *_, n in updates(run, after=t_restored))
-    lost = f["ps_kill_updates"] - (resumed - 1)
+    assert restored <= resumed <= restored + 3
+    lost = f["ps_kill_updates"] - restored
     reliability("keras: updates lost to the ps kill (checkpoint every 1 s)", lost, "updates")
     reliability("keras: seconds from the ps kill to the restore", t_restored - f["ps_kill_t"], "s")
-    assert restored <= resumed - 1 <= restored + 2      # async: the other worker's next update may be in it
-    assert 0 <= lost <= f["ps_kill_updates"] - restored
+    assert lost >= 0
 
 
 # ================================================================ the chief gone
