@@ -90,15 +90,18 @@ def test_run_config_takes_this_tasks_role_from_tf_config(monkeypatch):
     assert (alone.task_type, alone.is_chief, alone.master, alone.num_worker_replicas) == ("worker", True, "", 1)
 
 
-def test_run_config_saves_every_600s_by_default_and_refuses_both_periods_or_a_distribute_strategy():
+def test_run_config_saves_every_600s_by_default_and_refuses_both_periods_or_a_strategy_not_of_tf1_mode():
     c = est.RunConfig()
     assert (c.save_checkpoints_secs, c.save_checkpoints_steps, c.keep_checkpoint_max) == (600, None, 5)
     assert est.RunConfig(save_checkpoints_steps=10).save_checkpoints_secs is None
     assert est.RunConfig().replace(save_checkpoints_steps=7).save_checkpoints_secs is None
     with pytest.raises(SpecError, match="not both"):
         est.RunConfig(save_checkpoints_steps=10, save_checkpoints_secs=10)
-    with pytest.raises(SpecError, match="train_distribute=...\\) is not covered; use tfcluster's cluster"):
+    with pytest.raises(SpecError, match=r"RunConfig\(train_distribute=\.\.\.\) takes a tf\.contrib\.distribute "
+                                        r"strategy under TF1 mode \(docs/tf1\.md\), not object"):
         est.RunConfig(train_distribute=object())
+    with pytest.raises(SpecError, match=r"RunConfig\(eval_distribute=\.\.\.\) takes"):
+        est.RunConfig(eval_distribute=object())
 
 
 # ---------------------------------------------------- train / evaluate / predict

@@ -1,6 +1,9 @@
 """A TF 1.x program that turns a compiled tf.keras model into an Estimator and trains it with train_and_evaluate.
 
-    python keras_to_estimator.py --model_dir DIR [--max_steps N]
+    python keras_to_estimator.py --model_dir DIR [--max_steps N] [--parameter_server_strategy]
+
+``--parameter_server_strategy`` names TF 1.x's strategy in the RunConfig, as the TF 1.11-1.13 programs did:
+``RunConfig(train_distribute=tf.contrib.distribute.ParameterServerStrategy())``.
 
 Trainers print ``STEPS <task> <local steps>``; the evaluator prints ``EVAL <metrics as JSON>``.
 """
@@ -34,8 +37,8 @@ class StepCounter(tf.train.SessionRunHook):
         self.steps += 1
 
 
-def make_estimator(model_dir):
-    config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=100)
+def make_estimator(model_dir, strategy=None):
+    config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=100, train_distribute=strategy)
     return tf.keras.estimator.model_to_estimator(keras_model=build_model(), model_dir=model_dir, config=config)
 
 
@@ -47,8 +50,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model_dir", required=True)
     p.add_argument("--max_steps", type=int, default=300)
+    p.add_argument("--parameter_server_strategy", action="store_true")
     args = p.parse_args()
-    estimator = make_estimator(args.model_dir)
+    strategy = tf.contrib.distribute.ParameterServerStrategy() if args.parameter_server_strategy else None
+    estimator = make_estimator(args.model_dir, strategy)
     config = estimator.config
     counter = StepCounter()
     train_input = tf.estimator.inputs.numpy_input_fn({"features": X}, Y, batch_size=32, num_epochs=None,

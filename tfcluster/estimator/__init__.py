@@ -8,9 +8,10 @@ from TF_CONFIG); ``train_and_evaluate`` with ``TrainSpec`` and ``EvalSpec``;
 ``inputs.numpy_input_fn``; ``export`` (serving receivers, export outputs,
 exporters); the session-run hooks of TF 1.x's ``tf.estimator`` namespace; and
 ``model_to_estimator`` for compiled tf-keras models. Training runs on
-tfcluster's session and loop (:mod:`.training_graph`). What is not covered
-(canned estimators, heads, TPU, distribution strategies in RunConfig) stops
-with one line naming what to use instead; docs/estimator.md lists both.
+tfcluster's session and loop (:mod:`.training_graph`); ``RunConfig`` takes
+TF1 mode's ``tf.contrib.distribute`` strategies where tfcluster trains them as
+asked. What is not covered (canned estimators, heads, TPU) stops with one line
+naming what to use instead; docs/estimator.md lists both.
 
 - :mod:`.spec`: ``EstimatorSpec`` and ``ModeKeys``; :mod:`.run_config`: ``RunConfig`` and this task's role;
 - :mod:`.inputs`: ``numpy_input_fn``; :mod:`.calls`: calling ``input_fn`` and ``model_fn`` as TF 1.x did;

@@ -28,12 +28,27 @@ class TaskType:
     EVALUATOR = "evaluator"
 
 
-_REFUSED = {
-    "train_distribute": "tfcluster's cluster (TF_CONFIG with ps tasks) and tf.train.SyncReplicasOptimizer for "
-                        "sync; tf.distribute strategies are eager-mode",
-    "eval_distribute": "a plain evaluation (the evaluator task evaluates in one process)",
-    "experimental_distribute": "tfcluster's cluster (TF_CONFIG with ps tasks)",
-}
+def _distribute(name: str, strategy, cluster, entry: Optional[str] = None):
+    """``strategy`` if tfcluster trains it as asked here, else one line (SpecError).
+
+    A strategy TF1 mode gives (``tf.contrib.distribute``, :mod:`tfcluster.tf1.distribute`)
+    checks itself against the cluster (``check``) and says how it trains
+    (``note``); any other object, TF 2's eager strategies among them, is refused.
+    """
+    if strategy is None:
+        return None
+    entry = entry or f"RunConfig({name}=...)"
+    if not callable(getattr(type(strategy), "check", None)):
+        raise SpecError(f"{entry} takes a tf.contrib.distribute strategy under TF1 mode (docs/tf1.md), not "
+                        f"{type(strategy).__name__}; for sync training use tf.train.SyncReplicasOptimizer "
+                        "(docs/estimator.md)")
+    if name == "eval_distribute":
+        # The evaluation runs in one process on one device: its metrics do not depend on how a strategy
+        # would have split the batches.
+        return strategy
+    strategy.check(cluster, entry)
+    strategy.note(cluster, entry)
+    return strategy
 
 
 class RunConfig:
@@ -46,10 +61,18 @@ class RunConfig:
                  train_distribute=None, device_fn=None, protocol=None, eval_distribute=None,
                  experimental_distribute=None, experimental_max_worker_delay_secs=None,
                  session_creation_timeout_secs: float = 7200, checkpoint_save_graph_def: bool = True):
-        for name, value in (("train_distribute", train_distribute), ("eval_distribute", eval_distribute),
-                            ("experimental_distribute", experimental_distribute)):
-            if value is not None:
-                raise SpecError(f"RunConfig({name}=...) is not covered; use {_REFUSED[name]} (docs/estimator.md)")
+        self._cluster = Cluster.from_environment()
+        if experimental_distribute is not None:
+            if train_distribute is not None or eval_distribute is not None:
+                raise SpecError("RunConfig: give experimental_distribute or train_distribute/eval_distribute, "
+                                "not both")
+            train_distribute = getattr(experimental_distribute, "train_distribute", None)
+            eval_distribute = getattr(experimental_distribute, "eval_distribute", None)
+            entry = "RunConfig(experimental_distribute=DistributeConfig(train_distribute=...))"
+        else:
+            entry = None
+        self._train_distribute = _distribute("train_distribute", train_distribute, self._cluster, entry)
+        self._eval_distribute = _distribute("eval_distribute", eval_distribute, self._cluster)
         if save_checkpoints_steps is _USE_DEFAULT and save_checkpoints_secs is _USE_DEFAULT:
             save_checkpoints_steps, save_checkpoints_secs = None, DEFAULT_SAVE_SECS
         elif save_checkpoints_steps is _USE_DEFAULT:
@@ -71,7 +94,6 @@ class RunConfig:
         self._protocol = protocol
         self._session_creation_timeout_secs = session_creation_timeout_secs
         self._checkpoint_save_graph_def = checkpoint_save_graph_def
-        self._cluster = Cluster.from_environment()
 
     # -------------------------------------------------------------- role
     @property
@@ -158,8 +180,10 @@ class RunConfig:
     protocol = property(lambda self: self._protocol, doc="The server protocol (grpc).")
     session_creation_timeout_secs = property(lambda self: self._session_creation_timeout_secs,
                                              doc="How long a worker waits for the chief's model.")
-    train_distribute = property(lambda self: None, doc="Not covered (see docs/estimator.md).")
-    eval_distribute = property(lambda self: None, doc="Not covered (see docs/estimator.md).")
+    train_distribute = property(lambda self: self._train_distribute,
+                                doc="The strategy training was asked to use (TF1 mode's, checked against the cluster).")
+    eval_distribute = property(lambda self: self._eval_distribute,
+                               doc="The evaluation's strategy (the evaluation runs in one process either way).")
 
     def replace(self, **kwargs) -> "RunConfig":
         """A copy with the given settings changed."""

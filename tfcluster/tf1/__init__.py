@@ -15,7 +15,7 @@ runs the script as ``__main__`` after :func:`install`, which makes
 
 docs/tf1.md lists exactly what the mode covers and what it does not.
 Importing this package does not import TensorFlow. Its modules:
-:mod:`.contrib` (``tf.contrib``), :mod:`.mnist` (the tutorials' ``input_data``),
+:mod:`.contrib` (``tf.contrib``), :mod:`.distribute` (its strategies), :mod:`.mnist` (the tutorials' ``input_data``),
 :mod:`.mnist_model` (the tutorials' ``mnist.py`` model), :mod:`.overrides`
 (the names served instead of ``tf.compat.v1``'s), :mod:`.robust` (the session
 fixes) and ``__main__`` (``python -m tfcluster.tf1 script.py``).

@@ -13,6 +13,7 @@ Nothing here imports TensorFlow at import time; :func:`build` is given
 import types
 
 from ..core.errors import TF1RemovedError
+from . import distribute
 
 #: Where to look for the TF 2 replacement of a name this module does not map.
 MIGRATION_GUIDE = "its TF 2 replacement (https://www.tensorflow.org/guide/migrate; docs/tf1.md)"
@@ -45,7 +46,8 @@ HINTS = {
     "tf.contrib.opt": "the tf.train optimizers (tf.compat.v1.train.*Optimizer)",
     "tf.contrib.seq2seq": "tf.nn.dynamic_rnn with your own decoder (tensorflow-addons is archived)",
     "tf.contrib.distributions": "the tensorflow-probability package",
-    "tf.contrib.distribute": "tfcluster's strategies (graph mode) or tf.distribute",
+    "tf.contrib.distribute": "MirroredStrategy, ParameterServerStrategy, CollectiveAllReduceStrategy, "
+                             "OneDeviceStrategy or DistributeConfig, which TF1 mode covers (docs/tf1.md)",
     "tf.contrib.tpu": "nothing: TPUs are out of scope for tfcluster",
     "tf.contrib.cudnn_rnn": "tf.nn.rnn_cell.LSTMCell (with tf-keras)",
     "tf.contrib.crf": "the tensorflow-addons CRF code (archived) or your own",
@@ -387,6 +389,7 @@ def build(v1, read_data_sets_module) -> ContribModule:
         "rnn": ContribModule("tf.contrib.rnn", {}),
         "data": ContribModule("tf.contrib.data", _data(v1)),
         "metrics": ContribModule("tf.contrib.metrics", _metrics(v1)),
+        "distribute": ContribModule("tf.contrib.distribute", distribute.members()),
     }
     root = ContribModule("tf.contrib", subs)
     _LAZY["tf.contrib"] = {"keras": lambda: v1.keras}

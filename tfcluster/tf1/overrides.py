@@ -4,7 +4,8 @@
 - ``tf.train``: ``tf.compat.v1.train``, with tfcluster's ``SyncReplicasOptimizer``,
   whose steps take one gradient per distinct worker (:mod:`tfcluster.strategies.sync_replicas`).
 - ``tf.keras``: tf-keras in graph mode, with ``tf.keras.estimator.model_to_estimator``
-  working again, ``Model.fit`` training on TF_CONFIG's cluster when it has ps tasks
+  working again, ``compile(distribute=...)`` taking TF1 mode's strategies (:mod:`.distribute`),
+  ``Model.fit`` training on TF_CONFIG's cluster when it has ps tasks
   (:mod:`tfcluster.keras`), and, under ``tfcluster local``, progress bars that
   write a line about once a second (tf-keras writes one every 0.05 s to a pipe).
 - ``tf.constant``: TF 1.x turned any sequence into a tensor, ``range(100)`` too;
@@ -62,7 +63,9 @@ def keras(v1):
         return real
     from ..estimator.keras import model_to_estimator
     from ..keras import route_fit_through_cluster
+    from .distribute import keras_compile_takes_strategies
     route_fit_through_cluster()
+    keras_compile_takes_strategies()
     if environment.RESTART_COUNT.get() is not None:   # a task of tfcluster local
         _progress_every_second()
     estimator = _Proxy(real.estimator, model_to_estimator=model_to_estimator) if hasattr(real, "estimator") \

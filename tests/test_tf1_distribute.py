@@ -1,0 +1,189 @@
+"""TF1 mode's ``tf.contrib.distribute``: the TF 1.11 tutorial's strategy programs run unchanged, or say in one
+line what is not covered yet.
+
+Covered: one replica per worker (TF 1.x's ``MirroredStrategy()`` on a machine without GPUs), under
+``compile(distribute=...)`` and ``RunConfig(train_distribute=...)``, and ``ParameterServerStrategy`` on a
+TF_CONFIG with ps tasks. Refused in one line: several replicas per worker, all-reduce across workers, a
+remote cluster.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from conftest import base_env
+from test_tf1_gaps import run_tf1
+
+# The tutorial's Keras program (TF 1.11), with a seed so that two runs start from the same weights.
+# DISTRIBUTE is replaced by the compile argument under test.
+KERAS = r'''
+import json
+import sys
+import tensorflow as tf
+
+tf.set_random_seed(1)
+inputs = tf.keras.layers.Input(shape=(1,))
+predictions = tf.keras.layers.Dense(1)(inputs)
+model = tf.keras.models.Model(inputs=inputs, outputs=predictions)
+
+features = tf.data.Dataset.from_tensors([1.]).repeat(10000).batch(10)
+labels = tf.data.Dataset.from_tensors([1.]).repeat(10000).batch(10)
+train_dataset = tf.data.Dataset.zip((features, labels))
+
+model.compile(loss='mean_squared_error', optimizer=tf.train.GradientDescentOptimizer(learning_rate=0.2)DISTRIBUTE)
+model.fit(train_dataset, epochs=5, steps_per_epoch=10)
+loss = model.evaluate(train_dataset, steps=1)
+predicted = model.predict(tf.data.Dataset.from_tensors([[1.]]), steps=1)
+print("RESULT " + json.dumps({"weights": [w.tolist() for w in model.get_weights()], "loss": float(loss),
+                              "predicted": predicted.tolist()}))
+'''
+
+
+def keras_run(tmp_path, distribute, env=None):
+    r = run_tf1(tmp_path, KERAS.replace("DISTRIBUTE", distribute), env=env)
+    found = re.search(r"^RESULT (.*)$", r.stdout, re.M)
+    return r, (json.loads(found.group(1)) if found else None)
+
+
+@pytest.mark.timeout(150)
+def test_the_tutorials_keras_program_with_mirrored_strategy_trains_as_one_process_does(tmp_path):
+    r, mirrored = keras_run(tmp_path, ", distribute=tf.contrib.distribute.MirroredStrategy()")
+    assert r.returncode == 0, r.stderr[-3000:]
+    # No GPU and none asked for: TF 1.x's MirroredStrategy used the CPU alone, and says so in one line.
+    notes = [line for line in r.stderr.splitlines() if "compile(distribute=...)" in line]
+    assert notes == ["tfcluster: info: compile(distribute=...): MirroredStrategy: 1 replica(s) per worker on "
+                     "/cpu:0 (no GPU, none asked for), the update of one process"]
+    r, plain = keras_run(tmp_path, "")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for a, b in zip(mirrored["weights"], plain["weights"]):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert mirrored["loss"] == pytest.approx(plain["loss"]) and mirrored["loss"] < 1e-3   # it learned y = 1
+    np.testing.assert_allclose(mirrored["predicted"], plain["predicted"], rtol=1e-6)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy, says", [
+    ("MirroredStrategy(num_gpus=2)", r"compile\(distribute=\.\.\.\) with MirroredStrategy on 2 replicas per worker "
+                                     r"is not covered yet; train the model_fn with tfcluster\.fit\(\.\.\., "
+                                     r"strategy='mirrored', towers=2\)"),
+    ("MirroredStrategy(['/cpu:0', '/cpu:1'])", r"with MirroredStrategy on 2 replicas per worker is not covered yet"),
+])
+def test_several_replicas_per_worker_are_refused_in_one_line(tmp_path, strategy, says):
+    r, result = keras_run(tmp_path, f", distribute=tf.contrib.distribute.{strategy}")
+    assert r.returncode == 2 and result is None
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("tfcluster: error:")]
+    assert len(errors) == 1 and re.search(says, errors[0]), r.stderr[-2000:]
+
+
+# The tutorial's Estimator form: the same model, model_to_estimator, a RunConfig naming the strategy.
+ESTIMATOR = r'''
+import json
+import sys
+import tensorflow as tf
+
+inputs = tf.keras.layers.Input(shape=(1,))
+predictions = tf.keras.layers.Dense(1)(inputs)
+model = tf.keras.models.Model(inputs=inputs, outputs=predictions)
+model.compile(loss='mean_squared_error', optimizer=tf.train.GradientDescentOptimizer(learning_rate=0.2))
+
+config = tf.estimator.RunConfig(CONFIG)
+keras_estimator = tf.keras.estimator.model_to_estimator(keras_model=model, config=config, model_dir=sys.argv[1])
+
+def input_fn():
+    features = tf.data.Dataset.from_tensors([[1.]]).repeat(10000).batch(10)
+    labels = tf.data.Dataset.from_tensors([[1.]]).repeat(10000).batch(10)
+    return tf.data.Dataset.zip(({model.input_names[0]: features}, labels))
+
+keras_estimator.train(input_fn=input_fn, steps=10)
+result = keras_estimator.evaluate(input_fn=input_fn, steps=1)
+print("RESULT " + json.dumps({k: float(v) for k, v in result.items()}))
+'''
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("config", [
+    "train_distribute=tf.contrib.distribute.MirroredStrategy()",
+    "experimental_distribute=tf.contrib.distribute.DistributeConfig("
+    "train_distribute=tf.contrib.distribute.OneDeviceStrategy('/cpu:0'), "
+    "eval_distribute=tf.contrib.distribute.MirroredStrategy(num_gpus_per_worker=2))",
+])
+def test_the_tutorials_estimator_form_trains_and_evaluates_with_its_strategy(tmp_path, config):
+    r = run_tf1(tmp_path, ESTIMATOR.replace("CONFIG", config), tmp_path / "model")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(re.search(r"^RESULT (.*)$", r.stdout, re.M).group(1))
+    assert result["global_step"] == 10 and result["loss"] < 0.05
+    assert re.search(r"^tfcluster: info: RunConfig\(\S+=\.\.\.\)\)?: \w+Strategy: 1 replica\(s\) per worker on "
+                     r"/cpu:0", r.stderr, re.M), r.stderr[-2000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("config, tf_config, says", [
+    ("experimental_distribute=tf.contrib.distribute.DistributeConfig("
+     "train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(num_gpus_per_worker=2))", None,
+     r"CollectiveAllReduceStrategy on 2 replicas per worker is not covered yet"),
+    ("train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy()",
+     {"worker": ["localhost:1", "localhost:2"]},
+     r"RunConfig\(train_distribute=\.\.\.\) with CollectiveAllReduceStrategy across 2 workers is not covered yet; "
+     r"use tf\.contrib\.distribute\.ParameterServerStrategy\(\) with ps tasks"),
+    ("train_distribute=tf.contrib.distribute.MirroredStrategy()", {"worker": ["localhost:1"], "ps": ["localhost:2"]},
+     r"with MirroredStrategy trains in one process, but TF_CONFIG has a cluster"),
+    ("train_distribute=tf.contrib.distribute.ParameterServerStrategy()", {"worker": ["localhost:1", "localhost:2"]},
+     r"with ParameterServerStrategy needs ps tasks, and TF_CONFIG's cluster has none"),
+    ("experimental_distribute=tf.contrib.distribute.DistributeConfig(remote_cluster={'worker': ['h:1']})", None,
+     r"DistributeConfig\(remote_cluster=\.\.\.\) .* is not covered"),
+    ("train_distribute=tf.contrib.distribute.MirroredStrategy().extended", None,
+     r"tf\.contrib\.distribute\.MirroredStrategy\.extended is gone in TF 2\.x"),
+])
+def test_what_is_not_covered_yet_is_refused_in_one_line(tmp_path, config, tf_config, says):
+    env = base_env(TF_CONFIG=json.dumps({"cluster": tf_config, "task": {"type": "worker", "index": 0}})) \
+        if tf_config else None
+    r = run_tf1(tmp_path, ESTIMATOR.replace("CONFIG", config), tmp_path / "model", env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("tfcluster: error:")]
+    assert len(errors) == 1 and re.search(says, errors[0]), r.stderr[-2000:]
+
+
+def test_strategies_count_their_replicas_as_tf_1x_did():
+    # No TensorFlow needed: GPUs are counted as the launcher counts them (CUDA_VISIBLE_DEVICES, nvidia-smi).
+    from tfcluster.tf1 import distribute
+    assert distribute.MirroredStrategy(num_gpus=3).num_replicas_in_sync == 3
+    assert distribute.MirroredStrategy(num_gpus_per_worker=2).replicas_per_worker == 2
+    assert distribute.MirroredStrategy(["/gpu:0", "/gpu:1"]).num_replicas_in_sync == 2
+    assert distribute.OneDeviceStrategy("/cpu:0").num_replicas_in_sync == 1
+    assert distribute.ParameterServerStrategy().num_replicas_in_sync == 1
+    assert distribute.MirroredStrategy(num_gpus=2, cross_device_ops=distribute.AllReduceCrossDeviceOps(
+        "hierarchical_copy")).cross_device_ops.args == ("hierarchical_copy",)
+    config = distribute.DistributeConfig(train_distribute=distribute.ParameterServerStrategy())
+    assert config.eval_distribute is None and config.remote_cluster is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_parameter_server_strategy_in_the_run_config_trains_shared_on_the_ps_with_an_evaluator(tmp_path):
+    from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
+    run = Ran(tmp_path, "keras_to_estimator.py", ["--ps", "1", "--workers", "2", "--evaluator"],
+              ["--model_dir", str(tmp_path / "model"), "--max_steps", "300", "--parameter_server_strategy"])
+    assert_clean_exit(run)
+    for worker in ("worker:0", "worker:1"):
+        assert re.search(rf"^\[{worker}\] tfcluster: info: RunConfig\(train_distribute=\.\.\.\): ParameterServerStrategy"
+                         r": 1 replica\(s\) per worker on /cpu:0; variables on the ps tasks", run.out, re.M), \
+            run.out[-3000:]
+    steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
+    assert set(steps) == {"worker:0", "worker:1"} and min(steps.values()) > 0     # both trained
+    assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())   # one shared model
+    assert json.loads(run.printed("EVAL")["evaluator:0"])["acc"] > 0.8
+
+
+def test_mirrored_strategy_takes_every_gpu_listed_and_the_cpu_without_one(monkeypatch):
+    from tfcluster.tf1 import distribute
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")          # a fake device list: no GPU here
+    assert distribute.MirroredStrategy().num_replicas_in_sync == 2
+    assert distribute.MirroredStrategy().describe() == "MirroredStrategy: 2 replica(s) per worker on 2 GPU(s)"
+    assert distribute.ParameterServerStrategy().describe().endswith("1 replica(s) per worker on /cpu:0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert distribute.MirroredStrategy().describe() == ("MirroredStrategy: 1 replica(s) per worker on /cpu:0 "
+                                                        "(no GPU, none asked for)")
+    assert distribute.MirroredStrategy(num_gpus=2).describe().endswith("on 2 virtual CPU devices")
