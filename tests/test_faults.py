@@ -220,6 +220,9 @@ def test_a_sync_run_with_a_backup_worker_trains_on_to_its_target_when_a_worker_i
     assert read_marker(c.ckpt)["global_step"] == steps
     # The chief never waited for the dead worker: a backup does not hold a step up.
     assert not c.w[0].matches(r"has waited", after=t_kill)
+    # Its final save waited for the dead worker's end only until the global step had stood still for 5 s.
+    assert c.w[0].matches(r"worker:0 saves without the 1 trainer\(s\) still in their training \(the global step "
+                          r"has not moved for 5s\)", after=t_kill)
     reliability("sync with a backup: global steps worker:0 took alone after the kill", max(after) - at_kill,
                 "steps")
     # The ps still waits for worker:1's done token (a dead trainer never gives it): stop it as a launcher would.

@@ -24,7 +24,7 @@ from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..runtime.server import task_server, wait_for_cluster
 from ..strategies.sync_replicas import FINISH_COLLECTION
 from ..strategies.sync_run import FinishingRunner
-from ..training.hooks import CheckpointHook, SummaryHook
+from ..training.hooks import CheckpointHook, STILL_SECS, SummaryHook, trainers_done
 from ..training.liveness import heartbeat
 from ..training.loop import run_loop
 from ..training.session import TrainingSession
@@ -34,7 +34,6 @@ from .spec import ModeKeys
 
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")
-
 
 
 class StepLogHook(Hook):
@@ -199,7 +198,8 @@ def _session(estimator, train_graph, spec, init_local, server, cluster, name, ho
         is_chief=chief, saver=saver, checkpoint_dir=estimator.model_dir if chief else None,
         extra_local_init=local_init, cluster=cluster, name=name, startup_timeout=config.session_creation_timeout_secs,
         init_fn=scaffold.init_fn, init_feed_dict=scaffold.init_feed_dict)
-    all_hooks = [GlobalStepGuard()]
+    # First: the chief's final save waits for the other trainers' last steps.
+    all_hooks = trainers_done(train_graph, cluster, chief, name, still_secs=STILL_SECS) + [GlobalStepGuard()]
     if chief:
         writer = tf1.summary.FileWriterCache.get(estimator.model_dir)
         tf1.summary.scalar("loss", spec.loss)

@@ -18,8 +18,8 @@ makes every step take one gradient from each worker
 - :mod:`.step`: a tf-keras train step as the training session runs steps.
 """
 
-from .fit import DEFAULT_DIR, FINISH_TIMEOUT_SECS, default_checkpoint_dir, fit, route_fit_through_cluster, shard, \
-    trains_on_cluster
+from ..training.hooks import FINISH_TIMEOUT_SECS
+from .fit import DEFAULT_DIR, default_checkpoint_dir, fit, route_fit_through_cluster, shard, trains_on_cluster
 
 __all__ = ["fit", "shard", "trains_on_cluster", "route_fit_through_cluster", "default_checkpoint_dir", "DEFAULT_DIR",
            "FINISH_TIMEOUT_SECS"]

@@ -21,23 +21,20 @@ trained.
 """
 
 import dataclasses
-import itertools
 import logging
 import os
-import time
 
 import tensorflow as tf
 
 from ..core.errors import SpecError
 from ..core.logs import quiet_keras_thread_notice
-from ..graph.step import Hook
 from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..runtime.server import task_server
 from ..runtime.shutdown import done_when_finished, serve_as_ps
 from ..strategies import STRATEGY_ENV
 from ..topology.cluster import Cluster
 from ..topology.taskenv import new_run_id, run_id
-from ..training.hooks import CheckpointHook
+from ..training.hooks import CheckpointHook, trainers_done
 from ..training.liveness import heartbeat
 from ..training.loop import TrainingLoop
 from ..training.session import TrainingSession
@@ -52,13 +49,9 @@ log = logging.getLogger("tfcluster")
 
 #: The checkpoint dir when none is given: ``tfcluster-keras/<run>/<model name>`` under the working dir.
 DEFAULT_DIR = "tfcluster-keras"
-#: Seconds a trainer waits, at the end of its fit, for the other trainers' fits (after a SIGTERM: 5).
-FINISH_TIMEOUT_SECS = 600.0
 #: Graphs whose model trains on the cluster through here (their local sessions only evaluate).
 _handled_graphs = set()
 _original_fit = None        # tf-keras's own Model.fit, kept when TF1 mode routes fit here
-#: This process's cluster fits, counted: the k-th fit of every trainer of a program is the same fit.
-_fit_numbers = itertools.count()
 
 
 def shard(data, index: int, count: int):
@@ -145,7 +138,6 @@ class ClusterFit:
         # The chief's dir; a worker knows it too when it is given or the run's (for its chief-lost line).
         known = checkpoint_dir or (default_checkpoint_dir(model.name) if self.is_chief or run_id() else None)
         self.dir = os.path.abspath(known) if known else None
-        self.number = next(_fit_numbers)
 
     def fit(self, x, y, callbacks=None, **kwargs):
         """Shard the data, fit the clone on the cluster, give the model what it trained."""
@@ -187,7 +179,8 @@ class ClusterFit:
             is_chief=self.is_chief, saver=saver, checkpoint_dir=self.dir if self.is_chief else None,
             cluster=self.cluster, name=self.name, startup_timeout=c.startup_timeout, max_recoveries=c.max_recoveries,
             step_timeout_secs=c.step_timeout_secs)
-        hooks = [FitsDone(built.train_graph, self.number, len(self.trainers), self.is_chief, self.name)]
+        hooks = trainers_done(built.train_graph, self.cluster, self.is_chief, self.name, every_trainer_waits=True,
+                              what="fit")
         checkpoints = None
         if saver is not None:
             checkpoints = CheckpointHook(session.call, saver, self.dir, built.train_graph.global_step, name=self.name,
@@ -209,51 +202,6 @@ class ClusterFit:
             loop.end()
             state = _state(built.clone, session.global_step())
         return history, state
-
-
-class FitsDone(Hook):
-    """Counts the trainers whose fit ended, and waits (bounded) until all of them did.
-
-    So the chief's final checkpoint holds every worker's updates, and every
-    trainer's model ends the fit with the same weights and update count. One
-    counter per fit of the program (``number``), beside the global step, not
-    checkpointed: a program that fits twice waits for the second fits.
-    """
-
-    def __init__(self, train_graph, number: int, trainers: int, is_chief: bool, name: str):
-        self.train_graph, self.number, self.trainers = train_graph, number, trainers
-        self.is_chief, self.name = is_chief, name
-        self.at_most = FINISH_TIMEOUT_SECS
-
-    def begin(self):
-        """The counter, shared state the chief creates."""
-        gs = self.train_graph.global_step
-        with tf1.device(gs.device):
-            done = tf1.Variable(0, dtype=tf.int64, trainable=False, collections=[], use_resource=True,
-                                name=f"tfcluster_keras_fit_{self.number}_done")
-        self._count, self._read = done.assign_add(1), done.read_value()
-        self.train_graph.add_state(done)
-
-    def interrupted(self, global_step: int):
-        """A SIGTERM stops every trainer at once: wait only briefly for the others."""
-        self.at_most = 5.0
-
-    def end(self, session):
-        """Count this trainer's fit, then wait for the others' (before the checkpoint hook's end)."""
-        done = int(session.run(self._count))
-        started, said = time.monotonic(), 0.0
-        while done < self.trainers:
-            waited = time.monotonic() - started
-            if waited > self.at_most:
-                log.warning("%s %s without the %d trainer(s) still fitting after %gs", self.name,
-                            "saves" if self.is_chief else "goes on", self.trainers - done, self.at_most)
-                return
-            if waited - said >= 10:
-                said = waited
-                log.info("%s waits for %d trainer(s) to finish their fit (%.0fs)", self.name, self.trainers - done,
-                         waited)
-            time.sleep(0.2)
-            done = int(session.run(self._read))
 
 
 def _stop_when(loop):

@@ -5,6 +5,8 @@ Each is a :class:`~tfcluster.graph.step.Hook` (the interface, in
 ones to their loop, beside the user's and the strategy's.
 """
 
+import collections
+import itertools
 import logging
 import math
 import os
@@ -18,6 +20,15 @@ from ..runtime.checkpoints import CHECKPOINT_NAME, remove_partial, write_done_ma
 from .timer import Every
 
 log = logging.getLogger("tfcluster")
+
+#: Seconds a trainer waits at most, at the end of its training, for the other trainers' (after a SIGTERM: 5).
+FINISH_TIMEOUT_SECS = 600.0
+#: This process's trainings whose ends are counted, numbered per kind.
+_ends_counted = collections.defaultdict(itertools.count)
+#: ``fit``'s and the Estimator's chief saves without the trainers still out once the global step stood still this
+#: long: they died (the others stop within a step of the chief).
+STILL_SECS = 5.0
+
 
 def _op_error():
     """TensorFlow's OpError (a full disk is ResourceExhaustedError, a lost file NotFoundError...)."""
@@ -112,6 +123,77 @@ class CheckpointHook(Hook):
             self.save(self._step, final=True)
         if self._finished:
             write_done_marker(self.checkpoint_dir, self._step, self.checkpoint)
+
+
+class TrainersDone(Hook):
+    """Counts the trainers whose training ended; the chief waits (bounded) until all of them did.
+
+    So the chief's final checkpoint holds every trainer's updates: an async
+    trainer may still be running the step it began before the global step
+    reached the target, and that update must not land after the final save.
+    Put it before the :class:`CheckpointHook`. The k-th ``what`` (training,
+    fit) of every trainer of a program is the same one: one counter each,
+    beside the global step, not checkpointed. ``every_trainer_waits``: the others wait
+    too (Keras: every trainer's model ends its fit with the same weights).
+    ``still_secs``: stop waiting once the global step has not moved for that
+    long (the missing trainers died; ``fit`` and the Estimator, whose trainers
+    stop within a step of each other, not Keras, whose validation runs no step).
+    """
+
+    def __init__(self, train_graph, trainers: int, is_chief: bool, name: str, *, every_trainer_waits: bool = False,
+                 still_secs: Optional[float] = None, what: str = "training"):
+        self.train_graph, self.number, self.trainers = train_graph, next(_ends_counted[what]), trainers
+        self.waits = is_chief or every_trainer_waits
+        self.is_chief, self.name, self.still_secs, self.what = is_chief, name, still_secs, what
+        self.at_most = FINISH_TIMEOUT_SECS
+
+    def begin(self):
+        """The counter, shared state the chief creates."""
+        import tensorflow as tf
+        tf1 = tf.compat.v1
+        gs = self.train_graph.global_step
+        with tf1.device(gs.device):
+            done = tf1.Variable(0, dtype=tf.int64, trainable=False, collections=[], use_resource=True,
+                                name=f"tfcluster_{self.what}_{self.number}_done")
+        self._count, self._read = done.assign_add(1), [done.read_value(), gs.read_value()]
+        self.train_graph.add_state(done)
+
+    def interrupted(self, global_step: int):
+        """A SIGTERM stops every trainer at once: wait only briefly for the others."""
+        self.at_most = 5.0
+
+    def end(self, session):
+        """Count this trainer's end, then wait for the others' (before the checkpoint hook's end)."""
+        done = int(session.run(self._count))
+        if not self.waits:
+            return
+        started = moved = time.monotonic()
+        said, step = 0.0, None
+        while done < self.trainers:
+            now = time.monotonic()
+            waited = now - started
+            still = self.still_secs is not None and now - moved > self.still_secs
+            if waited > self.at_most or still:
+                why = (f"the global step has not moved for {self.still_secs:g}s" if still
+                       else f"after {self.at_most:g}s")
+                log.warning("%s %s without the %d trainer(s) still in their %s (%s)", self.name,
+                            "saves" if self.is_chief else "goes on", self.trainers - done, self.what, why)
+                return
+            if waited - said >= 10:
+                said = waited
+                log.info("%s waits for %d trainer(s) to finish their %s (%.0fs)", self.name, self.trainers - done,
+                         self.what, waited)
+            time.sleep(0.1)
+            done, gs = (int(v) for v in session.run(self._read))
+            if gs != step:
+                step, moved = gs, time.monotonic()
+
+
+def trainers_done(train_graph, cluster, is_chief: bool, name: str, **options) -> list:
+    """``[TrainersDone(...)]`` where the trainers share a global step on a ps, else ``[]`` (nothing to wait for)."""
+    if cluster is None or cluster.num_replicas < 2 or "/job:ps" not in train_graph.global_step.device:
+        return []
+    return [TrainersDone(train_graph, cluster.num_replicas, is_chief, name, **options)]
 
 
 class SummaryHook(Hook):

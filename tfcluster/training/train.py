@@ -38,7 +38,7 @@ from ..runtime.server import task_server, wait_for_cluster
 from ..runtime.shutdown import done_when_finished, serve_as_ps
 from ..topology.cluster import Cluster
 from .evaluation import local_config, run_evaluator
-from .hooks import CheckpointHook, ProgressHook, SummaryHook, TimelineHook
+from .hooks import STILL_SECS, CheckpointHook, ProgressHook, SummaryHook, TimelineHook, trainers_done
 from .liveness import CHIEF_TIMEOUT_SECS, heartbeat
 from .loop import run_loop
 from .session import TrainingSession
@@ -253,7 +253,9 @@ class _FitRun:
         examples = (self.batch_size or 0) * self.strategy.replicas_per_worker
         self.progress = ProgressHook(self.name, self.config.log_every_secs, examples, self.started, self.writer)
         self.timeline = TimelineHook()
-        hooks = [self.timeline, self.progress]
+        # First: the chief's final save waits for the other trainers' last steps.
+        hooks = trainers_done(train_graph, self.cluster, self.is_chief, self.name, still_secs=STILL_SECS)
+        hooks += [self.timeline, self.progress]
         self.checkpoints = None
         if summary_op is not None:
             hooks.append(SummaryHook(self.writer, summary_op, self.config.summary_steps))
