@@ -32,6 +32,7 @@ import threading
 import time
 
 import tensorflow as tf
+from tensorflow.python.framework import ops as _ops
 from tensorflow.python.training import sync_replicas_optimizer as _tf_sync
 
 from ..core.errors import SpecError, SyncStallError
@@ -45,6 +46,15 @@ log = logging.getLogger("tfcluster")
 
 #: The graph collection that holds each SyncReplicasOptimizer's :class:`~.sync_run.SyncFinish`.
 FINISH_COLLECTION = "tfcluster_sync_finish"
+
+
+def _not_in_meta_graphs(value, export_scope=None):
+    """A SyncFinish is Python state: a saved meta graph (a Supervisor's Saver writes one) leaves it out, quietly."""
+    return None
+
+
+_ops.register_proto_function(FINISH_COLLECTION, proto_type=None, to_proto=_not_in_meta_graphs)
+
 #: Threads whose runs never push (input queue runners, tfcluster's own): no wait is looked for after them.
 _QUIET_THREADS = ("QueueRunnerThread-", "tfcluster-")
 
@@ -112,8 +122,10 @@ class SyncReplicasOptimizer(_tf_sync.SyncReplicasOptimizer):
         self._graph = graph
         self.local_step_init_op = graph.local_step_init
         self.chief_init_op = tf.group(*graph.chief_init_ops())
-        self.ready_for_local_init_op = tf1.report_uninitialized_variables(tf1.global_variables()
-                                                                          + graph.state_variables)
+        # A worker's local init waits for the sync state the chief's local init (chief_init_op) readies, so
+        # the chief's own check leaves that state out (slim's Supervisor uses this one op for both).
+        waits_for = [] if graph.is_chief else graph.state_variables
+        self.ready_for_local_init_op = tf1.report_uninitialized_variables(tf1.global_variables() + waits_for)
         self._state_ready = tf1.report_uninitialized_variables(graph.state_variables)
         self._local_step = graph.local_step
         self._chief_queue_runner = _ending_queue_runner(worker)
