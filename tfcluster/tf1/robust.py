@@ -163,6 +163,31 @@ def quiet_late_queue_runners():
     qr.QueueRunner._run = _run
 
 
+def quiet_second_supervisor_stop():
+    """A Supervisor stopped a second time (slim's ``learning.train`` stops it, then ``managed_session`` does)
+    writes its stop record to a closed summary writer without TF's "closed FileWriter" warning: nothing is lost."""
+    with _lock:
+        if "supervisor" in _patched:
+            return
+        _patched.add("supervisor")
+    import warnings
+
+    from tensorflow.python.training import supervisor
+
+    original = supervisor.Supervisor.stop
+
+    def stop(self, *args, **kwargs):
+        writer = self._summary_writer
+        if writer is None or not getattr(writer, "_closed", False):
+            return original(self, *args, **kwargs)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Attempting to use a closed FileWriter")
+            return original(self, *args, **kwargs)
+
+    stop.__wrapped__, stop.__doc__ = original, original.__doc__
+    supervisor.Supervisor.stop = stop
+
+
 def iterators_without_autotune_thread():
     """Every iterator a script makes (``make_one_shot_iterator``, ``make_initializable_iterator``, as functions
     or methods) reads its dataset without tf.data's autotune thread, unless the script set autotune."""
@@ -191,6 +216,9 @@ def cluster_sessions():
       it waits for every other task, and a chief that finished and exited
       leaves it waiting forever (pitfalls item 3). The chief's sessions keep
       the whole view: a TF1 chief may place ops on the other workers (in-graph).
+    - The chief's first session on the cluster says where the script placed
+      its variables, bytes per task (the full list at debug level), as ``fit``
+      does: a model that is not on the ps, or all on one of several, shows.
     - A trainer of a cluster with ps tasks that opens a local session
       (target ``''``) on a graph whose trainable variables are not on the ps
       trains a copy nobody else sees; it says so once, with the fix.
@@ -214,7 +242,7 @@ def cluster_sessions():
     server_lib.Server.__init__ = server_init
 
     original = session_lib.Session.__init__
-    warned = []
+    warned, reported = [], []
 
     def __init__(self, target="", graph=None, config=None):
         cluster = _this_task(servers)
@@ -225,6 +253,8 @@ def cluster_sessions():
                 config = _with_filters(config, cluster.device_filters())
             elif not target_text and cluster.num_tasks("ps") and not warned:
                 _warn_if_private(graph, cluster, warned)
+            if target_text and cluster.is_chief and cluster.num_tasks("ps") and not reported:
+                _report_placement(graph, cluster, reported)
         original(self, target, graph, config)
 
     __init__.__wrapped__ = original
@@ -277,3 +307,17 @@ def _warn_if_private(graph, cluster, warned):
                     "not on the ps, so no other worker sees its updates; place them with "
                     "tf.train.replica_device_setter(cluster=...) and run on server.target (docs/tf1.md)",
                     cluster.task)
+
+
+def _report_placement(graph, cluster, reported):
+    import tensorflow as tf
+    from ..graph.placement import human_bytes, placement_report
+    report = placement_report(graph or tf.compat.v1.get_default_graph(),
+                              devices=[t.device for t in cluster.tasks(("ps",))])
+    if not report.records:
+        return      # a session before the model is built
+    reported.append(True)
+    totals = ", ".join(f"{d} {human_bytes(b)}" for d, b in report.totals().items())
+    log.info("%s placed %d variable(s): %s (ps imbalance %.1f%%)", cluster.task, len(report.records), totals,
+             100 * report.imbalance())
+    log.debug("%s", report.format())
