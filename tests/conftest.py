@@ -1,6 +1,7 @@
 """Shared fixtures: real processes, reserved ports, and a guarantee of no orphans."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,18 @@ def run_cli(*args, timeout=60, env=None, **kw):
     """Run ``tfcluster ARGS`` to completion and return the CompletedProcess (text)."""
     return subprocess.run(TFCLUSTER + [str(a) for a in args], capture_output=True, text=True,
                           timeout=timeout, env=env or base_env(), **kw)
+
+
+def run_local(tmp_path, *args, timeout=240):
+    """``tfcluster local ARGS`` to completion in ``tmp_path``; returns (exit code, combined output).
+
+    Every task process the launcher reported must be gone when it returns.
+    """
+    r = run_cli("local", "--log-dir", tmp_path / "logs", *args, timeout=timeout, cwd=str(tmp_path))
+    out = r.stdout + r.stderr
+    started = [int(m) for m in re.findall(r"started \(pid (\d+)\)", out)]
+    assert no_process_left(started), "a task process outlived the launcher"
+    return r.returncode, out
 
 
 def kill_tree(pid, sig=signal.SIGKILL):

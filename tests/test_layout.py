@@ -48,7 +48,7 @@ LAYERS = [
      ("keras", [["keras.step", "keras.checkpoints"], ["keras.session", "keras.graph"], ["keras.fit"], ["keras"]])],
     [("launch", [["launch.config", "launch.output", "launch.processes"], ["launch.isolation", "launch.plan"],
                  ["launch.supervisor"], ["launch"]])],
-    [("tf1", [["tf1.distribute"], ["tf1.contrib", "tf1.mnist", "tf1.mnist_model", "tf1.robust"], ["tf1.overrides"],
+    [("tf1", [["tf1.distribute", "tf1.slim"], ["tf1.contrib", "tf1.mnist", "tf1.mnist_model", "tf1.robust"], ["tf1.overrides"],
               ["tf1"],
               ["tf1.__main__"]])],
     [("cli", [["cli.common"], ["cli.start", "cli.local", "cli.spec", "cli.status"], ["cli"]])],

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, base_env, no_process_left, run_cli
+from conftest import REPO, base_env, run_cli, run_local
 from tfcluster.core.errors import DataError
 from tfcluster.data import load_digits, write_idx
 from tfcluster.core.errors import TfclusterError
@@ -260,8 +260,8 @@ def test_a_tf1_script_sees_tf_compat_v1_with_contrib_flags_and_mnist(tmp_path, m
 @pytest.mark.parametrize("code, says", [
     ("tf.contrib.training.HParams(lr=0.1)",
      "tf.contrib.training.HParams is gone in TF 2.x; use a dict, argparse.Namespace or types.SimpleNamespace"),
-    ("from tensorflow.contrib.layers import batch_norm",
-     "tf.contrib.layers.batch_norm is gone in TF 2.x; use tf.layers.batch_normalization"),
+    ("from tensorflow.contrib.layers import real_valued_column",
+     "tf.contrib.layers.real_valued_column is gone in TF 2.x; use tf.feature_column.numeric_column"),
     ("from tensorflow.examples.tutorials.mnist import input_data\n"
      "input_data.read_data_sets('no-such-dir', one_hot=True)",
      "no MNIST data directory 'no-such-dir'"),
@@ -428,10 +428,6 @@ def test_local_refuses_an_explicit_port_that_is_taken_and_names_it(tmp_path):
 
 
 # ------------------------------------------------- clusters, one per style
-def _pids(output):
-    return [int(m) for m in re.findall(r"started \(pid (\d+)\)", output)]
-
-
 def _losses(output, prefix):
     """The loss values a task printed, in order."""
     return [float(m) for m in re.findall(re.escape(prefix) + r".*loss (\d+\.\d+)", output)]
@@ -442,14 +438,6 @@ def assert_falls(losses, what):
     k = max(1, len(losses) // 3)
     first, last = np.mean(losses[:k]), np.mean(losses[-k:])
     assert last < 0.7 * first, f"{what}: loss did not fall: {losses}"
-
-
-def run_local(tmp_path, *args, timeout=240):
-    """``tfcluster local ARGS`` to completion; returns (exit code, combined output)."""
-    r = run_cli("local", "--log-dir", tmp_path / "logs", *args, timeout=timeout, cwd=str(tmp_path))
-    out = r.stdout + r.stderr
-    assert no_process_left(_pids(out)), "a task process outlived the launcher"
-    return r.returncode, out
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ runs the script as ``__main__`` after :func:`install`, which makes
 
 - ``import tensorflow as tf`` give ``tf.compat.v1`` with v2 behaviour disabled,
   while ``import tensorflow.python...`` and ``tensorflow.compat.v2`` keep working;
-- ``tf.contrib`` the commonly used names mapped to TF 2.21 (:mod:`.contrib`);
+- ``tf.contrib`` the commonly used names mapped to TF 2.21 (:mod:`.contrib`),
+  ``tf.contrib.slim`` and its kin from the tf-slim package (:mod:`.slim`);
   any other contrib name fails with one line naming its replacement;
 - ``tensorflow.examples.tutorials.mnist.input_data`` read local MNIST or
   Fashion-MNIST IDX files (:mod:`.mnist`); it never downloads;
@@ -15,7 +16,7 @@ runs the script as ``__main__`` after :func:`install`, which makes
 
 docs/tf1.md lists exactly what the mode covers and what it does not.
 Importing this package does not import TensorFlow. Its modules:
-:mod:`.contrib` (``tf.contrib``), :mod:`.distribute` (its strategies), :mod:`.mnist` (the tutorials' ``input_data``),
+:mod:`.contrib` (``tf.contrib``), :mod:`.distribute` (its strategies), :mod:`.slim` (tf-slim's names), :mod:`.mnist` (the tutorials' ``input_data``),
 :mod:`.mnist_model` (the tutorials' ``mnist.py`` model), :mod:`.overrides`
 (the names served instead of ``tf.compat.v1``'s), :mod:`.robust` (the session
 fixes) and ``__main__`` (``python -m tfcluster.tf1 script.py``).
@@ -35,6 +36,7 @@ from ..core.logs import quiet_keras_thread_notice, tensorflow_lines_once
 from ..topology.taskenv import legacy_keras_available, prepare_this_process
 from ..runtime.server import READY_POLL_SECS
 from ..training.session import THREAD_GRACE_SECS
+from . import slim
 
 __all__ = ["install", "installed", "legacy_keras_available", "tf1_command", "TF1RemovedError",
            "READY_POLL_ENV", "DEFAULT_READY_POLL_SECS", "STOP_GRACE_ENV", "DEFAULT_STOP_GRACE_SECS"]
@@ -115,12 +117,14 @@ class _ObjectLoader(importlib.abc.Loader):
 
     def __init__(self, module):
         self.module = module
+        self.spec = getattr(module, "__spec__", None)
 
     def create_module(self, spec):
         return self.module
 
     def exec_module(self, module):
-        pass
+        if self.spec is not None:       # a real package under a TF 1.x name (tf_slim) keeps its own spec
+            module.__spec__ = self.spec
 
 
 class _TF1Finder(importlib.abc.MetaPathFinder):
@@ -133,6 +137,8 @@ class _TF1Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         module = self.modules.get(fullname)
         parts = fullname.split(".")
+        if module is None and slim.tf_slim_name(fullname):
+            module = slim.import_module(fullname)
         if module is None and parts[0] == "tensorflow" and len(parts) > 1 and parts[1] in self.roots:
             module = self.roots[parts[1]]
             for part in parts[2:]:
@@ -190,6 +196,7 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
         v1.disable_v2_behavior()
     if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") not in ("", "0"):
         _quiet_deprecations(deprecation)
+    slim.restore_moved_names()
     modules = _examples_package()
     for name in _MNIST_NAMES[1:]:
         modules[name] = _mnist_module(name)
@@ -226,6 +233,7 @@ def install_session_fixes(ready_poll_secs=None, retry_duplicates: bool = True):
     if stop_grace != robust.TF_DEFAULT_STOP_GRACE:
         robust.quick_stop(stop_grace)
     robust.quiet_late_queue_runners()
+    robust.quiet_second_supervisor_stop()
     if retry_duplicates:
         rerun_in_every_session()
     robust.warn_on_recovery()
@@ -242,6 +250,8 @@ def _quiet_deprecations(deprecation):
     deprecation._PRINT_DEPRECATION_WARNINGS = False
     warnings.filterwarnings("ignore", message=r"`tf\.layers\.\w+` is deprecated", category=UserWarning)
     warnings.filterwarnings("ignore", message=r"`Model\.state_updates` will be removed", category=UserWarning)
+    # tf-slim's layers call TF's own legacy layers through layer.apply (tf1/slim.py)
+    warnings.filterwarnings("ignore", message=r"`layer\.apply` is deprecated", category=UserWarning)
 
 
 def _seconds(variable: str, default: float) -> float:
