@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO, base_env, run_local
 
 SLIM_TRAIN = os.path.join(REPO, "tests", "legacy", "slim_train.py")
+SLIM_TFRECORDS = os.path.join(REPO, "tests", "legacy", "slim_tfrecords.py")
 TF1 = [sys.executable, "-m", "tfcluster.tf1"]
 #: What a clean run never prints: a traceback, TF's warnings about what slim's Supervisor does twice.
 NOISE = ("Traceback", "closed FileWriter", "Issue encountered when serializing", "layer.apply")
@@ -164,6 +165,34 @@ def test_without_tf_slim_a_slim_program_says_to_install_the_legacy_extra(tmp_pat
     assert r.stderr.count("tfcluster: error:") == 1 and "Traceback" not in r.stderr
     assert ("tfcluster: error: tf.contrib.slim comes from the tf-slim package in TF1 mode, which is not installed: "
             "pip install 'tfcluster[legacy]'") in r.stderr
+
+
+def write_png_tfrecords(path, n):
+    """``n`` examples the way slim's dataset scripts write them: a PNG, its format, its class."""
+    import numpy as np
+    import tensorflow as tf
+    rng = np.random.RandomState(0)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for i in range(n):
+            png = tf.io.encode_png(rng.randint(0, 255, (32, 32, 3)).astype(np.uint8)).numpy()
+            feature = {"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png])),
+                       "image/format": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"png"])),
+                       "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 10]))}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_slims_tfrecord_input_feeds_a_slim_net_that_trains_and_evaluates(tmp_path):
+    write_png_tfrecords(tmp_path / "images.tfrecord", 20)
+    r = _tf1(tmp_path, SLIM_TFRECORDS, "--dataset_dir", tmp_path / "images.tfrecord", "--train_dir",
+             tmp_path / "train", timeout=170)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"trained 3 steps, final loss \d+\.\d+", r.stdout), r.stdout[-2000:]
+    accuracy, recall = map(float, re.search(r"evaluated: accuracy ([\d.]+) recall@5 ([\d.]+)", r.stdout).groups())
+    assert 0 <= accuracy <= recall <= 1
+    assert _checkpoint_step(tmp_path / "train") == 3
+    assert_quiet(r.stdout + r.stderr)
 
 
 # --------------------------------------------------------------- the program
