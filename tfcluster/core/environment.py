@@ -61,9 +61,13 @@ TF1_READY_POLL_SECS = Variable("TFCLUSTER_TF1_READY_POLL_SECS", "you",
 TF1_STOP_GRACE_SECS = Variable("TFCLUSTER_TF1_STOP_GRACE_SECS", "you",
                                "TF1 mode: seconds a closing MonitoredSession waits for its threads (TF's is 120)")
 
+START_OVER = Variable("TFCLUSTER_START_OVER", "you",
+                      "1: a chief whose checkpoint dir holds checkpoints, none readable, moves them to unreadable/ "
+                      "and trains from step 0 (without it, it stops in one line)")
+
 #: Every variable of the table.
 VARIABLES = (STRATEGY, WIRE, RUN_ID, RESTART_COUNT, DONE_RECORD, TF_CHECKED, DEBUG, SYNC_STALL_SECS,
-             SYNC_TIMEOUT_SECS, TF1_READY_POLL_SECS, TF1_STOP_GRACE_SECS)
+             SYNC_TIMEOUT_SECS, TF1_READY_POLL_SECS, TF1_STOP_GRACE_SECS, START_OVER)
 
 
 def option_variable(flag: str) -> str:

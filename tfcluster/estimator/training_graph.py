@@ -21,6 +21,7 @@ from ..core.duplicates import rerun_in_every_session
 from ..core.errors import ModelFnError, TfclusterError
 from ..graph.placement import ByteBalancedSetter
 from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
+from ..runtime.checkpoints import checkpoint_step
 from ..runtime.server import task_server, wait_for_cluster
 from ..strategies.sync_replicas import FINISH_COLLECTION
 from ..strategies.sync_run import FinishingRunner
@@ -223,6 +224,6 @@ def steps_left(estimator, max_steps) -> float:
     if max_steps is None:
         return math.inf
     latest = estimator.latest_checkpoint()
-    if latest is None:
-        return max_steps
-    return max_steps - int(tf.train.load_variable(latest, tf1.GraphKeys.GLOBAL_STEP))
+    step = checkpoint_step(latest) if latest is not None else None
+    # None also for a checkpoint that cannot be read: training's restore names it and finds the newest that can.
+    return max_steps - step if step is not None else max_steps

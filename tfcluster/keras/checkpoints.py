@@ -14,7 +14,7 @@ and the newest ``max_to_keep`` are kept, as ``fit``'s and the Estimator's are.
 import logging
 import os
 
-from ..runtime.checkpoints import checkpoints_in, remove_checkpoint
+from ..runtime.checkpoints import checkpoints_on_disk, remove_checkpoint
 
 log = logging.getLogger("tfcluster")
 
@@ -25,7 +25,11 @@ class KerasSaver:
     def __init__(self, model, checkpoint_dir: str, max_to_keep: int = 5):
         self.model, self.checkpoint_dir, self.max_to_keep = model, checkpoint_dir, max_to_keep
         # A restarted chief knows the checkpoints written before it, so rotation keeps exactly max_to_keep.
-        self.kept = [p for p in checkpoints_in(checkpoint_dir) if os.path.dirname(p) == checkpoint_dir]
+        self.kept = checkpoints_on_disk(checkpoint_dir)
+
+    def recover_last_checkpoints(self, paths):
+        """Rotate ``paths`` (oldest first) with the checkpoints this saver writes, as a ``Saver`` does."""
+        self.kept = list(paths)
 
     def save(self, session, prefix: str, global_step: int, write_meta_graph: bool = False) -> str:
         """Write ``<prefix>-<global_step>`` with ``session``; list it, and remove the oldest beyond ``max_to_keep``."""

@@ -7,7 +7,9 @@ their directory and no device inside them, so a single process restores them
 """
 
 import json
+import logging
 import os
+import re
 import tempfile
 import time
 from typing import Optional
@@ -18,6 +20,11 @@ from ..core.errors import SpecError, TfclusterError
 DONE_MARKER = "tfcluster_done.json"
 #: The prefix of every checkpoint tfcluster writes: ``model.ckpt-<global step>``.
 CHECKPOINT_NAME = "model.ckpt"
+#: Where a chief moves the checkpoints it cannot read (beside them): kept as evidence, out of the rotation.
+UNREADABLE_DIR = "unreadable"
+
+log = logging.getLogger("tfcluster")
+_unreadable_markers = set()     # said once each
 
 
 def prepare_checkpoint_dir(checkpoint_dir: str):
@@ -44,11 +51,24 @@ def write_done_marker(checkpoint_dir: str, global_step: int, checkpoint: Optiona
 
 
 def read_done_marker(checkpoint_dir: str) -> Optional[dict]:
-    """The chief's done marker in ``checkpoint_dir`` (global_step, checkpoint), or None."""
+    """The chief's done marker in ``checkpoint_dir`` (global_step, checkpoint), or None.
+
+    A marker that cannot be read (truncated, empty, not tfcluster's JSON) is
+    taken as absent, said once: whoever waits for it goes on waiting, bounded.
+    """
+    path = os.path.join(checkpoint_dir, DONE_MARKER)
     try:
-        with open(os.path.join(checkpoint_dir, DONE_MARKER), encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        with open(path, encoding="utf-8") as f:
+            marker = json.load(f)
+        if not isinstance(marker, dict) or not isinstance(marker.get("global_step"), int):
+            raise ValueError("no global_step in it")
+        return marker
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        if path not in _unreadable_markers:
+            _unreadable_markers.add(path)
+            log.warning("%s cannot be read (%s); taken as absent", path, e)
         return None
 
 
@@ -84,13 +104,60 @@ def checkpoint_step(path: str) -> Optional[int]:
 
 
 def checkpoints_in(checkpoint_dir: str) -> list:
-    """Every checkpoint the dir's ``checkpoint`` file lists, oldest first, as absolute prefixes."""
+    """Every checkpoint the dir's ``checkpoint`` file lists, oldest first, as absolute prefixes.
+
+    A state file that cannot be parsed lists nothing (:func:`checkpoints_on_disk` still finds the files).
+    """
     import tensorflow as tf
-    state = tf.train.get_checkpoint_state(checkpoint_dir)
+    try:
+        state = tf.train.get_checkpoint_state(checkpoint_dir)
+    except (tf.errors.OpError, ValueError) as e:     # a truncated or garbled text proto
+        log.warning("the checkpoint state file in %s cannot be read (%s: %s); looking at the files on disk",
+                    checkpoint_dir, type(e).__name__, str(e).splitlines()[0][:120] if str(e) else "")
+        return []
     if state is None:
         return []
     paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
     return [p if os.path.isabs(p) else os.path.join(checkpoint_dir, p) for p in paths]
+
+
+def _step_of(prefix: str) -> int:
+    m = re.search(r"-(\d+)$", prefix)
+    return int(m.group(1)) if m else -1
+
+
+def checkpoints_on_disk(checkpoint_dir: str) -> list:
+    """Every checkpoint in ``checkpoint_dir``, oldest first (by step, then time), as absolute prefixes.
+
+    The state file's list and every other ``<name>-<step>.index`` beside it: a
+    restarted run's Saver lists only what it saved itself (README, "When a task fails").
+    """
+    import glob
+    if not os.path.isdir(checkpoint_dir):
+        return []
+    found = [p[:-len(".index")] for p in glob.glob(os.path.join(glob.escape(checkpoint_dir), "*-*.index"))]
+    listed = [p for p in checkpoints_in(checkpoint_dir) if checkpoint_exists(p)]
+    paths = list(dict.fromkeys(os.path.normpath(os.path.abspath(p)) for p in listed + found))
+
+    def mtime(p):
+        try:
+            return os.path.getmtime(p + ".index")
+        except OSError:
+            return 0.0
+    return sorted(paths, key=lambda p: (_step_of(p), mtime(p)))
+
+
+def set_aside(prefix: str) -> str:
+    """Move checkpoint ``prefix``'s files into :data:`UNREADABLE_DIR` beside it, out of every rotation; the dir."""
+    import glob
+    aside = os.path.join(os.path.dirname(prefix), UNREADABLE_DIR)
+    os.makedirs(aside, exist_ok=True)
+    for path in [prefix + ".index"] + glob.glob(glob.escape(prefix) + ".data-*"):
+        try:
+            os.replace(path, os.path.join(aside, os.path.basename(path)))
+        except FileNotFoundError:
+            pass
+    return aside
 
 
 def remove_checkpoint(prefix: str) -> list:
@@ -127,6 +194,10 @@ def remove_partial(checkpoint_dir: str, prefix: str) -> list:
 
 class CheckpointUnreadable(TfclusterError):
     """A checkpoint that vanished (rotated away) or cannot be read (truncated) while it was being restored."""
+
+
+class NoReadableCheckpoint(TfclusterError):
+    """A checkpoint dir that holds checkpoints, none of them readable: training would silently start over."""
 
 
 def restore_error(path: str, error) -> TfclusterError:

@@ -7,16 +7,24 @@ although an older one was intact. Here, in order:
 
 1. the ps tasks still hold the model (every variable initialised): the chief
    joins it as it stands, and nobody rolls back;
-2. else the newest checkpoint that reads: a newer one that does not (a
-   truncated file, a save cut short) is named in a warning and skipped;
-3. else the model is initialised, and a chief that has trained before says
+2. else the newest checkpoint on disk that reads (every one in the dir, not
+   only the state file's list, which a restarted run rewrites): a newer one
+   that does not (a truncated file, a save cut short) is named in a warning
+   and moved to ``unreadable/`` beside it, kept but out of the rotation; the
+   Saver is told every readable one, so ``max_to_keep`` holds across restarts;
+3. else, when the dir holds checkpoints and none reads, the run stops in one
+   line naming each and its error (exit 2), unless TFCLUSTER_START_OVER=1
+   says to move them aside and start over: never a silent re-initialisation;
+4. else the model is initialised, and a chief that has trained before says
    that training starts over, since the ps lost the model before any save.
 """
 
 import logging
+import os
 
+from ..core import environment
 from ..core.tferrors import summary
-from ..runtime.checkpoints import checkpoints_in
+from ..runtime.checkpoints import UNREADABLE_DIR, NoReadableCheckpoint, checkpoints_on_disk, set_aside
 
 log = logging.getLogger("tfcluster")
 
@@ -64,11 +72,12 @@ class ChiefStart:
         return len(session.run(self.model_ready_op)) == 0
 
     def _restore(self, session) -> bool:
-        """Restore the newest readable checkpoint; False when there is none."""
+        """Restore the newest readable checkpoint on disk; False when there is none (see :func:`_unreadable`)."""
         if self.saver is None or not self.checkpoint_dir:
             return False
-        skipped = []
-        for path in reversed(checkpoints_in(self.checkpoint_dir)):
+        on_disk = checkpoints_on_disk(self.checkpoint_dir)
+        unreadable, restored = [], None
+        for path in reversed(on_disk):
             try:
                 self.saver.restore(session, path)
             except Exception as e:  # noqa: BLE001 - only an unreadable checkpoint is skipped
@@ -76,17 +85,30 @@ class ChiefStart:
                     raise
                 log.warning("%s: checkpoint %s cannot be read (%s); trying an older one", self.name, path,
                             summary(e))
-                skipped.append(path)
+                unreadable.append((path, summary(e)))
                 continue
-            self.what, self.restored_from = f"restored the model from {path}", path
-            if skipped:
-                log.warning("%s restored %s instead of the newest checkpoint, %s, which cannot be read", self.name,
-                            path, skipped[0])
-            return True
-        if skipped:
-            log.warning("%s: no checkpoint in %s can be read (the newest: %s); initialising the model", self.name,
-                        self.checkpoint_dir, skipped[0])
-        return False
+            restored = path
+            break
+        if unreadable and restored is None and not environment.START_OVER.get() == "1":
+            raise NoReadableCheckpoint(_none_readable(self.name, self.checkpoint_dir, unreadable))
+        aside = [set_aside(path) for path, _ in unreadable]
+        # The Saver rotates what it knows: every readable checkpoint on disk, so a restart keeps exactly max_to_keep.
+        bad = {path for path, _ in unreadable}
+        recover = getattr(self.saver, "recover_last_checkpoints", None)
+        if recover is not None:
+            # named as the saver names its own saves (the dir as given, relative or not), so none is listed twice
+            recover([os.path.join(self.checkpoint_dir, os.path.basename(p)) for p in on_disk if p not in bad])
+        if restored is None:
+            if unreadable:
+                log.warning("%s: no checkpoint in %s can be read; %s=1: moved %d of them to %s and initialising the "
+                            "model", self.name, self.checkpoint_dir, environment.START_OVER, len(unreadable),
+                            aside[0])
+            return False
+        self.what, self.restored_from = f"restored the model from {restored}", restored
+        if unreadable:
+            log.warning("%s restored %s instead of the newest checkpoint, %s, which cannot be read (moved to %s)",
+                        self.name, restored, unreadable[0][0], aside[0])
+        return True
 
     def _initialise(self, session):
         session.run(self.init_op, feed_dict=self.init_feed_dict)
@@ -99,3 +121,10 @@ class ChiefStart:
             self.what = "initialised the model again"
         else:
             self.what = "initialised the model"
+
+
+def _none_readable(name: str, checkpoint_dir: str, unreadable: list) -> str:
+    listed = "; ".join(f"{os.path.basename(path)} ({error})" for path, error in unreadable)
+    return (f"{name}: no checkpoint in {checkpoint_dir} can be read, so training would start over: {listed}. "
+            f"None was moved or deleted; set {environment.START_OVER}=1 to move them to "
+            f"{os.path.join(checkpoint_dir, UNREADABLE_DIR)} and start from step 0")
