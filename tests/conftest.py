@@ -36,6 +36,13 @@ def run_cli(*args, timeout=60, env=None, **kw):
                           timeout=timeout, env=env or base_env(), **kw)
 
 
+@pytest.fixture(scope="session")
+def data(tmp_path_factory):
+    """The small classification data set of tests/_fit_job.py, written once per test run."""
+    import _fit_job as job
+    return job.make_data(str(tmp_path_factory.mktemp("data") / "data.npz"))
+
+
 def run_local(tmp_path, *args, timeout=240):
     """``tfcluster local ARGS`` to completion in ``tmp_path``; returns (exit code, combined output).
 

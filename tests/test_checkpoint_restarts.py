@@ -21,11 +21,6 @@ import tfcluster  # noqa: E402
 from tfcluster.runtime.checkpoints import UNREADABLE_DIR, read_done_marker  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return job.make_data(str(tmp_path_factory.mktemp("data") / "data.npz"))
-
-
 @pytest.fixture
 def said(caplog):
     """tfcluster's log lines during the test (its logger may not propagate: the CLI's setup turns that off)."""

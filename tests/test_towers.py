@@ -32,11 +32,6 @@ BATCH = 16
 STEPS = 20
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return job.make_data(str(tmp_path_factory.mktemp("data") / "data.npz"))
-
-
 def sgd():
     return tf1.train.GradientDescentOptimizer(0.5)
 

@@ -24,11 +24,6 @@ from tfcluster.core.errors import SpecError  # noqa: E402
 from tfcluster.training.train import fit  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return job.make_data(str(tmp_path_factory.mktemp("data") / "data.npz"))
-
-
 def sgd():
     return tf1.train.GradientDescentOptimizer(0.5)
 

@@ -28,11 +28,6 @@ from tfcluster.training.evaluation import evaluate, predict  # noqa: E402
 from tfcluster.training.train import fit  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return job.make_data(str(tmp_path_factory.mktemp("data") / "data.npz"))
-
-
 def sgd():
     return tf1.train.GradientDescentOptimizer(0.5)
 
