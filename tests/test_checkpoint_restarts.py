@@ -5,8 +5,10 @@ dir, as a user restarts a job: the files on disk are real TF checkpoints,
 truncated for real.
 """
 
+import importlib.util
 import logging
 import os
+import subprocess
 import sys
 
 import pytest
@@ -18,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fit_job as job  # noqa: E402
 
 import tfcluster  # noqa: E402
+from conftest import base_env  # noqa: E402
 from tfcluster.runtime.checkpoints import UNREADABLE_DIR, read_done_marker  # noqa: E402
 
 
@@ -132,3 +135,30 @@ def test_an_estimator_restart_falls_back_the_same_way(tmp_path, monkeypatch, sai
     assert on_disk(model_dir) == [30, 62]
     assert int(tf.train.load_variable(str(model_dir / "model.ckpt-62"), "global_step")) == 62
     assert f"restored {model_dir}/model.ckpt-30 instead of the newest checkpoint" in said.text
+
+
+KERAS_RESTORE = r'''
+import glob, sys
+import tensorflow as tf
+from tfcluster.keras.checkpoints import KerasSaver
+model = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,))])
+session = tf.keras.backend.get_session()
+saver = KerasSaver(model, sys.argv[1])
+path = saver.save(session, sys.argv[1] + "/model.ckpt", 5)
+data = glob.glob(path + ".data-*")[0]
+open(data, "r+b").truncate(20)
+try:
+    saver.restore(session, path)
+except tf.errors.OpError as e:
+    print("RAISED", type(e).__name__)
+'''
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None, reason="graph-mode Keras needs tf-keras")
+def test_a_truncated_keras_checkpoint_fails_to_restore_as_tf_says_a_file_is_unreadable(tmp_path):
+    # What the chief's fallback (tests above) recognises: tf-keras's reader says it with an IndexError.
+    (tmp_path / "restore.py").write_text(KERAS_RESTORE)
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", "restore.py", str(tmp_path)], capture_output=True,
+                       text=True, env=base_env(), cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "RAISED OutOfRangeError" in r.stdout

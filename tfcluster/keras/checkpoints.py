@@ -50,6 +50,11 @@ class KerasSaver:
         return path
 
     def restore(self, session, path: str):
-        """Load ``path`` into the model's variables through ``session``."""
+        """Load ``path`` into the model's variables through ``session``; an unreadable file raises TF's error for it,
+        as a ``Saver`` does (training/chief.py then tries an older checkpoint)."""
+        import tensorflow as tf
         with session.graph.as_default(), session.as_default():
-            self.model.load_weights(path)
+            try:
+                self.model.load_weights(path)
+            except IndexError as e:     # the checkpoint reader's OUT_OF_RANGE (a truncated file), as Python has it
+                raise tf.errors.OutOfRangeError(None, None, str(e)) from None
