@@ -6,7 +6,8 @@
   answers again;
 - the disk fills during a save (a small tmpfs): one line per failed save, no partial checkpoint, the last
   good one stays latest and restores; a restarted run resumes from it;
-- the latest checkpoint is truncated: the newest good one is restored, with a warning naming both;
+- the latest checkpoint is truncated: the newest good one is restored, with a warning naming both; also
+  when the ps is killed and the chief restores it into the new ps;
 - the evaluator skips a checkpoint that vanished or cannot be read;
 - the ps is lost before the first save: the model is initialised again, and the chief says so;
 - sync with 3 workers aggregating 2: a killed non-chief holds nothing up, a killed chief rejoins.
@@ -152,6 +153,27 @@ def test_a_ps_lost_before_the_first_save_is_initialised_again_and_the_chief_says
     assert run.finish(timeout=200) == 0, run.tail(60)
     assert not run.matches(r"restoring the last checkpoint")      # what it used to claim
     reliability("global steps lost (no checkpoint yet)", at_kill, "steps")
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_ps_whose_newest_checkpoint_is_truncated_recovers_from_the_older_one(procs, tmp_path, reliability):
+    ckpt = tmp_path / "ckpt"
+    run = local_run(procs, tmp_path, "--ps", "1", "--workers", "2", "--max-restarts", "1", "--timeout", "250",
+                    job=["--mode", "async", "--steps", "300", "--ckpt", str(ckpt), "--save-steps", "40",
+                         "--step-sleep", "0.05"])
+    run.wait_for(r"\[worker:0\] .*saved checkpoint model\.ckpt-(\d+)", 150, check=lambda m: int(m.group(1)) >= 80)
+    saved = sorted(int(f.name[len("model.ckpt-"):-len(".index")]) for f in ckpt.glob("model.ckpt-*.index"))
+    older, newest = saved[-2:]
+    data = next(ckpt.glob(f"model.ckpt-{newest}.data-*"))
+    data.write_bytes(data.read_bytes()[:20])              # the disk lied about the last save
+    t_kill = time.monotonic()
+    os.kill(launched_pid(run, "ps:0"), signal.SIGKILL)
+    at_kill = max(g for _, g in steps_of(run, "worker:0", before=t_kill))
+    run.wait_for(rf"\[worker:0\] .*worker:0 restored \S+model\.ckpt-{older} instead of the newest checkpoint, "
+                 rf"\S+model\.ckpt-{newest}, which cannot be read", 120, after=t_kill)
+    assert run.finish(timeout=200) == 0, run.tail(60)
+    assert (ckpt / "unreadable" / data.name).exists()
+    reliability("ps killed, newest checkpoint truncated: global steps lost", at_kill - older, "steps")
 
 
 # ======================================================== sync, 2 of 3 workers
