@@ -106,7 +106,7 @@ def module(symbol: str = "tf.contrib.slim"):
 
 
 def tf_slim_name(fullname: str):
-    """The tf-slim module a TF 1.x module path means (``tensorflow.contrib.slim.nets`` → ``tf_slim.nets``), or None."""
+    """The tf-slim module a TF 1.x path means (``tensorflow.contrib.slim.nets`` → ``tf_slim.nets``), or None."""
     for prefix in sorted(PATHS, key=len, reverse=True):
         if fullname == prefix or fullname.startswith(prefix + "."):
             return PATHS[prefix] + fullname[len(prefix):]
