@@ -24,7 +24,7 @@ CHECKPOINT_NAME = "model.ckpt"
 UNREADABLE_DIR = "unreadable"
 
 log = logging.getLogger("tfcluster")
-_unreadable_markers = set()     # said once each
+_said = set()       # the unreadable state files already named: each once, though they are read on every poll
 
 
 def prepare_checkpoint_dir(checkpoint_dir: str):
@@ -66,10 +66,14 @@ def read_done_marker(checkpoint_dir: str) -> Optional[dict]:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        if path not in _unreadable_markers:
-            _unreadable_markers.add(path)
-            log.warning("%s cannot be read (%s); taken as absent", path, e)
+        _warn_once(path, "%s cannot be read (%s); taken as absent", path, e)
         return None
+
+
+def _warn_once(key: str, message: str, *args):
+    if key not in _said:
+        _said.add(key)
+        log.warning(message, *args)
 
 
 def checkpoint_exists(prefix: str) -> bool:
@@ -112,8 +116,9 @@ def checkpoints_in(checkpoint_dir: str) -> list:
     try:
         state = tf.train.get_checkpoint_state(checkpoint_dir)
     except (tf.errors.OpError, ValueError) as e:     # a truncated or garbled text proto
-        log.warning("the checkpoint state file in %s cannot be read (%s: %s); looking at the files on disk",
-                    checkpoint_dir, type(e).__name__, str(e).splitlines()[0][:120] if str(e) else "")
+        _warn_once(os.path.join(checkpoint_dir, "checkpoint"), "the checkpoint state file in %s cannot be read "
+                   "(%s: %s); looking at the files on disk", checkpoint_dir, type(e).__name__,
+                   str(e).splitlines()[0][:120] if str(e) else "")
         return []
     if state is None:
         return []

@@ -20,6 +20,7 @@ itself. tf-slim must be imported after TensorFlow, which TF1 mode always has.
 """
 
 import importlib
+import types
 
 from ..core.errors import TF1RemovedError, TfclusterError
 
@@ -128,6 +129,6 @@ def member(contrib: str, name: str):
     module(symbol)
     for source in SOURCES.get(contrib, ()):
         value = getattr(_import(source, symbol), name, None)
-        if value is not None and not isinstance(value, type(importlib)):
+        if value is not None and not isinstance(value, types.ModuleType):
             return value
     raise AttributeError(symbol)

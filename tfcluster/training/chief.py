@@ -72,7 +72,7 @@ class ChiefStart:
         return len(session.run(self.model_ready_op)) == 0
 
     def _restore(self, session) -> bool:
-        """Restore the newest readable checkpoint on disk; False when there is none (see :func:`_unreadable`)."""
+        """Restore the newest readable checkpoint on disk; False when there is none (module doc, 2 and 3)."""
         if self.saver is None or not self.checkpoint_dir:
             return False
         on_disk = checkpoints_on_disk(self.checkpoint_dir)
@@ -89,7 +89,7 @@ class ChiefStart:
                 continue
             restored = path
             break
-        if unreadable and restored is None and not environment.START_OVER.get() == "1":
+        if unreadable and restored is None and environment.START_OVER.get() != "1":
             raise NoReadableCheckpoint(_none_readable(self.name, self.checkpoint_dir, unreadable))
         aside = [set_aside(path) for path, _ in unreadable]
         # The Saver rotates what it knows: every readable checkpoint on disk, so a restart keeps exactly max_to_keep.
