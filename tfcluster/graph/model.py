@@ -127,6 +127,9 @@ def per_example_losses(out: ModelOutput):
     """The per-example loss as float32 of shape ``[batch]`` (extra dimensions summed per example)."""
     import tensorflow as tf
     per_example = tf.cast(out.per_example_loss, tf.float32)
+    if per_example.shape.rank is None:      # a py_function's output: its rank is known when the step runs
+        flat = tf.reshape(per_example, tf.stack([tf.shape(per_example)[0], -1]))
+        return tf.reduce_sum(flat, axis=1)
     if per_example.shape.rank > 1:
         per_example = tf.reduce_sum(per_example, axis=list(range(1, per_example.shape.rank)))
     return per_example
