@@ -59,11 +59,11 @@ def call_model_fn(model_fn, features, labels, mode, params, config) -> Estimator
 
 
 def call_input_fn(input_fn, mode, params, config, device: str = "/cpu:0"):
-    """``(features, labels, initializers)`` from ``input_fn``: a Dataset, or a ``(features, labels)`` pair.
+    """``(features, labels, initializers, iterator)`` from ``input_fn``: a Dataset, or a ``(features, labels)`` pair.
 
     It runs on this worker's CPU, as TF 1.x's Estimator ran it; a Dataset is
     read through an initializable iterator whose initializer the session
-    runs (again after each recovery).
+    runs (again after each recovery); ``iterator`` is None for tensors.
     """
     args = fn_args(input_fn)
     given = {"mode": mode, "params": params, "config": config}
@@ -75,11 +75,11 @@ def call_input_fn(input_fn, mode, params, config, device: str = "/cpu:0"):
         if isinstance(result, tf.data.Dataset):
             iterator = tf1.data.make_initializable_iterator(without_autotune_thread(result))
             features, labels = split_element(iterator.get_next())
-            return features, labels, [iterator.initializer]
+            return features, labels, [iterator.initializer], iterator
     if isinstance(result, (tuple, list)):
         if len(result) != 2:
             raise ModelFnError(f"input_fn returned {len(result)} values; return (features, labels), features, "
                                "or a tf.data.Dataset")
-        return result[0], result[1], []
-    return result, None, []
+        return result[0], result[1], [], None
+    return result, None, [], None
 

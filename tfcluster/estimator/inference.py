@@ -94,7 +94,7 @@ def evaluate(estimator, input_fn, steps=None, hooks=None, checkpoint_path=None, 
         if estimator.config.tf_random_seed is not None:
             tf1.set_random_seed(estimator.config.tf_random_seed)
         global_step = tf1.train.get_or_create_global_step()
-        features, labels, init = call_input_fn(input_fn, ModeKeys.EVAL, estimator.params, estimator.config)
+        features, labels, init, _ = call_input_fn(input_fn, ModeKeys.EVAL, estimator.params, estimator.config)
         spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.EVAL, estimator.params,
                              estimator.config)
         metrics = dict(spec.eval_metric_ops)
@@ -142,7 +142,7 @@ def predict(estimator, input_fn, predict_keys=None, hooks=None, checkpoint_path=
     graph = tf1.Graph()
     with graph.as_default():
         tf1.train.get_or_create_global_step()
-        features, _, init = call_input_fn(input_fn, ModeKeys.PREDICT, estimator.params, estimator.config)
+        features, _, init, _ = call_input_fn(input_fn, ModeKeys.PREDICT, estimator.params, estimator.config)
         spec = call_model_fn(estimator.model_fn, features, None, ModeKeys.PREDICT, estimator.params,
                              estimator.config)
         predictions = _select(spec.predictions, predict_keys)

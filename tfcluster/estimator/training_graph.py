@@ -26,6 +26,7 @@ from ..runtime.server import task_server, wait_for_cluster
 from ..strategies.sync_replicas import FINISH_COLLECTION
 from ..strategies.sync_run import FinishingRunner
 from ..training.hooks import CheckpointHook, STILL_SECS, SummaryHook, trainers_done
+from ..training.input_position import input_position
 from ..training.liveness import heartbeat
 from ..training.loop import run_loop
 from ..training.session import TrainingSession
@@ -150,9 +151,12 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
         os.makedirs(model_dir, exist_ok=True)
     graph = tf1.Graph()
     with graph.as_default():
-        train_graph, spec, init_local = _build(estimator, input_fn, cluster)
+        train_graph, spec, init_local, iterator = _build(estimator, input_fn, cluster)
         session, all_hooks = _session(estimator, train_graph, spec, init_local, server, cluster, name,
                                       list(hooks or ()), saving_listeners)
+        all_hooks += input_position(iterator, model_dir, train_graph.global_step, name,
+                                    save_steps=config.save_checkpoints_steps, save_secs=config.save_checkpoints_secs,
+                                    keep=(config.keep_checkpoint_max or 3) + 2)
         session.finalize(all_hooks)
     with graph.as_default():
         try:
@@ -173,14 +177,14 @@ def _build(estimator, input_fn, cluster):
     worker_cpu = (cluster.task.device if cluster is not None else "") + "/cpu:0"
     with tf1.device(setter):
         global_step = tf1.train.get_or_create_global_step()
-    features, labels, init_local = call_input_fn(input_fn, ModeKeys.TRAIN, estimator.params, config, worker_cpu)
+    features, labels, init_local, iterator = call_input_fn(input_fn, ModeKeys.TRAIN, estimator.params, config, worker_cpu)
     with tf1.device(setter):
         spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, estimator.params, config)
         fetch = global_step_after([spec.train_op], global_step)
     finishes = tf1.get_collection(FINISH_COLLECTION)        # a SyncReplicasOptimizer's train op only pushes
     runner = StepRunner(fetch, spec.loss)
     runner = FinishingRunner(runner, finishes) if finishes else runner
-    return TrainGraph(runner, global_step, spec.loss), spec, init_local
+    return TrainGraph(runner, global_step, spec.loss), spec, init_local, iterator
 
 
 def _session(estimator, train_graph, spec, init_local, server, cluster, name, hooks, saving_listeners):

@@ -126,7 +126,8 @@ def checkpoints_in(checkpoint_dir: str) -> list:
     return [p if os.path.isabs(p) else os.path.join(checkpoint_dir, p) for p in paths]
 
 
-def _step_of(prefix: str) -> int:
+def step_in_name(prefix: str) -> int:
+    """The step a ``<name>-<step>`` prefix is named by (-1 when none): what sorts checkpoints without reading them."""
     m = re.search(r"-(\d+)$", prefix)
     return int(m.group(1)) if m else -1
 
@@ -149,7 +150,7 @@ def checkpoints_on_disk(checkpoint_dir: str) -> list:
             return os.path.getmtime(p + ".index")
         except OSError:
             return 0.0
-    return sorted(paths, key=lambda p: (_step_of(p), mtime(p)))
+    return sorted(paths, key=lambda p: (step_in_name(p), mtime(p)))
 
 
 def set_aside(prefix: str) -> str:

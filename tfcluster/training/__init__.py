@@ -5,7 +5,8 @@ builds a strategy's graph (:mod:`tfcluster.strategies`), then runs it on a
 :mod:`.session` (roles, fast readiness, bounded recovery), whose chief gets its
 model through :mod:`.chief`; :mod:`.loop` steps the session and calls the
 :mod:`.hooks` around every step. Beside them: :mod:`.liveness` (the chief's
-heartbeat), :mod:`.timer` (every N steps or seconds, for the hooks),
+heartbeat), :mod:`.input_position` (each trainer's input position, saved so a
+resumed run reads on), :mod:`.timer` (every N steps or seconds, for the hooks),
 :mod:`.train_metrics` (metrics over every replica, epochs) and
 :mod:`.evaluation` (evaluate, predict and fit's evaluator task), whose loop over
 the checkpoints, shared with the Estimator's evaluator, is :mod:`.evaluator`.

@@ -39,6 +39,7 @@ from ..runtime.shutdown import done_when_finished, serve_as_ps
 from ..topology.cluster import Cluster
 from .evaluation import local_config, run_evaluator
 from .hooks import STILL_SECS, CheckpointHook, ProgressHook, SummaryHook, TimelineHook, trainers_done
+from .input_position import input_position
 from .liveness import CHIEF_TIMEOUT_SECS, heartbeat
 from .loop import run_loop
 from .session import TrainingSession
@@ -219,7 +220,7 @@ class _FitRun:
                 tf1.set_random_seed(config.seed)
             with s.input_scope():
                 ds = make_dataset(input_fn, s.input_context(self.batch_size))
-                iterator = tf1.data.make_initializable_iterator(
+                self.iterator = iterator = tf1.data.make_initializable_iterator(
                     without_autotune_thread(ds.repeat().prefetch(tf.data.experimental.AUTOTUNE)))
 
             def next_batch():
@@ -256,6 +257,10 @@ class _FitRun:
         # First: the chief's final save waits for the other trainers' last steps.
         hooks = trainers_done(train_graph, self.cluster, self.is_chief, self.name, still_secs=STILL_SECS)
         hooks += [self.timeline, self.progress]
+        c = self.config
+        hooks += input_position(self.iterator, self.checkpoint_dir, train_graph.global_step, self.name,
+                                save_steps=c.save_checkpoint_steps, save_secs=c.save_checkpoint_secs,
+                                keep=(c.keep_checkpoints or 3) + 2)
         self.checkpoints = None
         if summary_op is not None:
             hooks.append(SummaryHook(self.writer, summary_op, self.config.summary_steps))
