@@ -9,7 +9,8 @@ one ps and two workers, each fitting its half of the data:
 - both workers' models end with the same weights;
 - a model whose input shape is known only from the data (a ``Sequential`` without ``input_shape``), a
   ``tf.data.Dataset`` as input, sample weights and a TF 1.x ``tf.train`` optimizer all train shared;
-- an eager-only tf-keras optimizer is refused in one line.
+- an eager-only tf-keras optimizer is refused in one line;
+- a restarted run whose newest checkpoint is truncated resumes from the older one, as ``fit``'s does.
 """
 
 import json
@@ -30,10 +31,11 @@ UPDATES_PER_WORKER = 16
 pytestmark = pytest.mark.slow
 
 
-def run_state(tmp_path, *args):
-    """``{worker: its STATE after fit}`` and ``{worker: [update count at each epoch's end]}`` of one run."""
-    cmd = TFCLUSTER + ["local", "--tf1", "--ps", "1", "--workers", "2", "--log-dir", str(tmp_path / "logs"), "--",
-                       sys.executable, PROGRAM, *args]
+def run_state(tmp_path, *args, launcher=()):
+    """``{worker: its STATE after fit}`` and ``{worker: [update count at each epoch's end]}`` of one run (and,
+    with ``launcher`` options, its output)."""
+    cmd = TFCLUSTER + ["local", "--tf1", "--ps", "1", "--workers", "2", "--log-dir", str(tmp_path / "logs"),
+                       *launcher, "--", sys.executable, PROGRAM, *args]
     r = subprocess.run(cmd, cwd=str(tmp_path), env=base_env(), capture_output=True, text=True, timeout=240)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
@@ -42,7 +44,7 @@ def run_state(tmp_path, *args):
     for m in re.finditer(r"^\[(worker:\d)\] EPOCH_END \d+ (\d+)$", out, re.M):
         epochs.setdefault(m.group(1), []).append(int(m.group(2)))
     assert set(states) == {"worker:0", "worker:1"}, out[-4000:]
-    return states, epochs
+    return (states, epochs, out) if launcher else (states, epochs)
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +96,23 @@ def test_an_eager_only_optimizer_is_refused_in_one_line(tmp_path):
     assert re.search(r"^\[worker:0\] keras_job: error: tf_keras\.optimizers\.SGD is eager-only; a graph-mode model "
                      r"trains with tf_keras\.optimizers\.legacy\.SGD", out, re.M), out[-3000:]
     assert "Traceback" not in out
+
+
+def test_a_restarted_keras_run_falls_back_to_an_older_checkpoint_when_the_newest_is_truncated(tmp_path):
+    # The checkpoint-restarts sequence under Keras: two runs of one run id (the second resumes the first), the
+    # newest checkpoint truncated and the state file listing it alone, then a third run.
+    def run(epochs):
+        return run_state(tmp_path, "--epochs", str(epochs), launcher=("--run-id", "restarts"))
+    assert run(1)[0]["worker:0"]["iterations"] == UPDATES_PER_WORKER
+    assert run(1)[0]["worker:0"]["iterations"] == 2 * UPDATES_PER_WORKER        # resumed
+    ckpt = next(tmp_path.glob("tfcluster-keras/restarts/*"))
+    newest = f"model.ckpt-{2 * UPDATES_PER_WORKER}"
+    (ckpt / "checkpoint").write_text(f'model_checkpoint_path: "{newest}"\nall_model_checkpoint_paths: "{newest}"\n')
+    data = next(ckpt.glob(newest + ".data-*"))
+    data.write_bytes(data.read_bytes()[:20])
+    states, _, out = run(1)
+    # From the older one: one run's updates lost, not all of them.
+    assert states["worker:0"]["iterations"] == 2 * UPDATES_PER_WORKER
+    assert re.search(rf"worker:0 restored \S*/model\.ckpt-{UPDATES_PER_WORKER} instead of the newest checkpoint, "
+                     rf"\S*/{newest}, which cannot be read", out), out[-4000:]
+    assert (ckpt / "unreadable" / data.name).exists()
