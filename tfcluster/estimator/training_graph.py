@@ -177,7 +177,8 @@ def _build(estimator, input_fn, cluster):
     worker_cpu = (cluster.task.device if cluster is not None else "") + "/cpu:0"
     with tf1.device(setter):
         global_step = tf1.train.get_or_create_global_step()
-    features, labels, init_local, iterator = call_input_fn(input_fn, ModeKeys.TRAIN, estimator.params, config, worker_cpu)
+    features, labels, init_local, iterator = call_input_fn(input_fn, ModeKeys.TRAIN, estimator.params, config,
+                                                           worker_cpu)
     with tf1.device(setter):
         spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, estimator.params, config)
         fetch = global_step_after([spec.train_op], global_step)
