@@ -44,7 +44,7 @@ LAYERS = [
                    ["training.session"],
                    ["training.loop"], ["training.evaluation", "training.train_metrics"], ["training.train"],
                    ["training"]])],
-    [("estimator", [["estimator.spec", "estimator.run_config", "estimator.inputs"], ["estimator.calls"],
+    [("estimator", [["estimator.spec", "estimator.run_config", "estimator.inputs"], ["estimator.calls"], ["estimator.replicas"],
                     ["estimator.training_graph", "estimator.inference", "estimator.export"],
                     ["estimator.estimator"], ["estimator.keras", "estimator.training"], ["estimator"]]),
      ("keras", [["keras.step", "keras.checkpoints"], ["keras.session", "keras.graph"], ["keras.fit"], ["keras"]])],

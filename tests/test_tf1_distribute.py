@@ -2,9 +2,10 @@
 line what is not covered yet.
 
 Covered: one replica per worker (TF 1.x's ``MirroredStrategy()`` on a machine without GPUs), under
-``compile(distribute=...)`` and ``RunConfig(train_distribute=...)``, and ``ParameterServerStrategy`` on a
-TF_CONFIG with ps tasks. Refused in one line: several replicas per worker, all-reduce across workers, a
-remote cluster.
+``compile(distribute=...)`` and ``RunConfig(train_distribute=...)``; several replicas of a ``model_fn`` in one
+process under ``RunConfig(train_distribute=...)``; ``ParameterServerStrategy`` on a TF_CONFIG with ps tasks.
+Refused in one line: several replicas under Keras or on a cluster, all-reduce across workers, a remote
+cluster.
 """
 
 import json
@@ -119,11 +120,67 @@ def test_the_tutorials_estimator_form_trains_and_evaluates_with_its_strategy(tmp
                      r"/cpu:0", r.stderr, re.M), r.stderr[-2000:]
 
 
+# A TF 1.x Estimator program with a model_fn of its own (tf.layers, a mean loss, optimizer.minimize with
+# UPDATE_OPS): BATCH examples per input_fn batch, the strategy named in the RunConfig by STRATEGY.
+CUSTOM = r"""
+import json
+import sys
+import numpy as np
+import tensorflow as tf
+
+rng = np.random.RandomState(0)
+x = rng.randn(400, 3).astype(np.float32)
+y = (x @ np.array([[1.], [-2.], [0.5]], np.float32) + 0.3).astype(np.float32)
+
+def input_fn():
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH)
+
+def model_fn(features, labels, mode):
+    hidden = tf.layers.dense(features, 8, activation=tf.nn.tanh, name="hidden",
+                             kernel_initializer=tf.constant_initializer(0.1))
+    out = tf.layers.dense(hidden, 1, name="out", kernel_initializer=tf.constant_initializer(0.2))
+    loss = tf.losses.mean_squared_error(labels, out)
+    with tf.control_dependencies(tf.get_collection(tf.GraphKeys.UPDATE_OPS)):
+        train_op = tf.train.MomentumOptimizer(0.05, 0.9).minimize(loss, tf.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+config = tf.estimator.RunConfig(train_distribute=STRATEGY, save_checkpoints_steps=1000)
+estimator = tf.estimator.Estimator(model_fn, model_dir=sys.argv[1], config=config)
+estimator.train(input_fn, steps=20)
+print("RESULT " + json.dumps({name: estimator.get_variable_value(name).tolist()
+                              for name in ("hidden/kernel", "out/kernel", "out/bias", "global_step")}))
+"""
+
+
+def custom_run(tmp_path, strategy, batch):
+    text = CUSTOM.replace("STRATEGY", strategy).replace("BATCH", str(batch))
+    r = run_tf1(tmp_path, text, tmp_path / f"model-{batch}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r, json.loads(re.search(r"^RESULT (.*)$", r.stdout, re.M).group(1))
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("strategy", ["tf.contrib.distribute.MirroredStrategy(num_gpus=2)",
+                                      "tf.contrib.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])"])
+def test_a_model_fn_on_two_replicas_trains_as_one_process_on_the_global_batch(tmp_path, strategy):
+    # TF 1.x's Estimator rule: input_fn's batch is a replica's, so two replicas of 10 make a global batch of 20.
+    r, replicas = custom_run(tmp_path, strategy, 10)
+    assert re.search(r"^tfcluster: info: RunConfig\(train_distribute=\.\.\.\): MirroredStrategy: 2 replica\(s\) per "
+                     r"worker on .*, one update per step from all of them$", r.stderr, re.M), r.stderr[-2000:]
+    assert "model_fn runs on 2 tower(s) on /device:CPU:0, /device:CPU:1 (virtual CPU devices)" in r.stderr
+    _, one = custom_run(tmp_path, "None", 20)
+    assert replicas["global_step"] == one["global_step"] == 20        # one update per step, from both replicas
+    for name in ("hidden/kernel", "out/kernel", "out/bias"):
+        np.testing.assert_allclose(replicas[name], one[name], rtol=2e-5, atol=1e-6)
+    assert replicas["out/bias"] != pytest.approx(0.0)       # it trained
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("config, tf_config, says", [
     ("experimental_distribute=tf.contrib.distribute.DistributeConfig("
      "train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(num_gpus_per_worker=2))", None,
-     r"CollectiveAllReduceStrategy on 2 replicas per worker is not covered yet"),
+     r"model_to_estimator with CollectiveAllReduceStrategy: 2 replica\(s\) per worker on 2 virtual CPU devices is "
+     r"not covered yet"),
     ("train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy()",
      {"worker": ["localhost:1", "localhost:2"]},
      r"RunConfig\(train_distribute=\.\.\.\) with CollectiveAllReduceStrategy across 2 workers is not covered yet; "

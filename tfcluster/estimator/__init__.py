@@ -15,6 +15,7 @@ naming what to use instead; docs/estimator.md lists both.
 
 - :mod:`.spec`: ``EstimatorSpec`` and ``ModeKeys``; :mod:`.run_config`: ``RunConfig`` and this task's role;
 - :mod:`.inputs`: ``numpy_input_fn``; :mod:`.calls`: calling ``input_fn`` and ``model_fn`` as TF 1.x did;
+- :mod:`.replicas`: a ``model_fn`` on several replicas in one process, one update per step (MirroredStrategy);
 - :mod:`.training_graph`: training a ``model_fn`` on tfcluster's session, placement and loop;
 - :mod:`.inference`: ``evaluate`` and ``predict``; :mod:`.export`: SavedModels, receivers, exporters;
 - :mod:`.estimator`: the ``Estimator`` class; :mod:`.training`: ``train_and_evaluate`` and its specs;

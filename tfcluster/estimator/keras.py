@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from ..core.errors import ModelFnError, SpecError
 from .estimator import Estimator
+from .replicas import refuse_for_keras
 from .spec import EstimatorSpec, ModeKeys
 
 tf1 = tf.compat.v1
@@ -130,6 +131,7 @@ def model_to_estimator(keras_model=None, keras_model_path=None, custom_objects=N
         raise SpecError("model_to_estimator needs a compiled model: call model.compile(optimizer, loss) first")
     if metric_names_map:
         raise SpecError("model_to_estimator(metric_names_map=...) is not covered (docs/estimator.md)")
+    refuse_for_keras(config)
     weights = keras_model.get_weights()
     model_fn = _make_model_fn(keras_model, weights, custom_objects, export_outputs)
     return Estimator(model_fn, model_dir=model_dir, config=config)

@@ -46,7 +46,7 @@ def _distribute(name: str, strategy, cluster, entry: Optional[str] = None):
         # The evaluation runs in one process on one device: its metrics do not depend on how a strategy
         # would have split the batches.
         return strategy
-    strategy.check(cluster, entry)
+    strategy.check(cluster, entry, replicas_ok=True)     # a model_fn runs on every replica (estimator/replicas.py)
     strategy.note(cluster, entry)
     return strategy
 

@@ -32,6 +32,7 @@ from ..training.loop import run_loop
 from ..training.session import TrainingSession
 from ..training.timer import Every
 from .calls import call_input_fn, call_model_fn
+from .replicas import build_replicas, replicas_of, towers_for
 from .spec import ModeKeys
 
 tf1 = tf.compat.v1
@@ -123,6 +124,8 @@ class GlobalStepGuard(Hook):
 def _session_config(config, cluster):
     """The user's ConfigProto, with the cluster's device filters and soft placement when it sets neither."""
     base = cluster.session_config() if cluster is not None else tf1.ConfigProto(allow_soft_placement=True)
+    if replicas_of(config) > 1:
+        towers_for(config).configure(base)      # N virtual CPU devices for N replicas without GPUs
     if config.session_config is None:
         return base
     mine = tf1.ConfigProto()
@@ -130,6 +133,8 @@ def _session_config(config, cluster):
     if not mine.device_filters:
         mine.device_filters.extend(base.device_filters)
     mine.allow_soft_placement = True
+    for kind, count in base.device_count.items():
+        mine.device_count[kind] = max(count, mine.device_count.get(kind, 1))
     return mine
 
 
@@ -180,7 +185,11 @@ def _build(estimator, input_fn, cluster):
     features, labels, init_local, iterator = call_input_fn(input_fn, ModeKeys.TRAIN, estimator.params, config,
                                                            worker_cpu)
     with tf1.device(setter):
-        spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, estimator.params, config)
+        if replicas_of(config) > 1:
+            spec = build_replicas(estimator.model_fn, iterator, features, labels, estimator.params, config,
+                                  towers_for(config))
+        else:
+            spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, estimator.params, config)
         fetch = global_step_after([spec.train_op], global_step)
     finishes = tf1.get_collection(FINISH_COLLECTION)        # a SyncReplicasOptimizer's train op only pushes
     runner = StepRunner(fetch, spec.loss)

@@ -235,7 +235,7 @@ def _tower_device_fn(device: str, place_variables: bool):
     return fn
 
 
-def _sum_gradients(grads):
+def sum_gradients(grads):
     """Sum one variable's gradients from several towers (dense, or IndexedSlices concatenated)."""
     import tensorflow as tf
     if len(grads) == 1:
@@ -378,7 +378,7 @@ class _TowerBuilder:
                 if not gs:
                     continue
                 with tf1.device(reduce_device):
-                    summed.append((_sum_gradients(gs), v))
+                    summed.append((sum_gradients(gs), v))
             if not summed:
                 raise ModelFnError("the loss depends on no trainable variable; nothing to train")
             with tf1.device(self.host):

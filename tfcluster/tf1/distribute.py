@@ -10,12 +10,15 @@ one line, when tfcluster cannot train it that way.
 Covered (docs/tf1.md, "Distribution strategies"): every strategy with one
 replica per worker, as TF 1.x ran them on a machine without GPUs (its
 ``MirroredStrategy()`` mirrored over the GPUs, else used the CPU alone);
-``ParameterServerStrategy`` under a TF_CONFIG with ps tasks, which is
-tfcluster's between-graph training; ``eval_distribute`` (the evaluation runs
-in one process; its metrics do not depend on how batches were split). Not yet
-covered, and refused in one line naming what to use instead: several replicas
-per worker (``num_gpus=2``) under Keras or an Estimator, and all-reduce across
-workers (``CollectiveAllReduceStrategy`` with more than one trainer).
+several replicas in one process under an Estimator's ``RunConfig`` with a
+``model_fn`` (:mod:`tfcluster.estimator.replicas`); ``ParameterServerStrategy``
+under a TF_CONFIG with ps tasks, which is tfcluster's between-graph training;
+``eval_distribute`` (the evaluation runs in one process; its metrics do not
+depend on how batches were split). Not yet covered, and refused in one line
+naming what to use instead: several replicas per worker under Keras
+(``compile(distribute=...)``, ``model_to_estimator``) or on a cluster, and
+all-reduce across workers (``CollectiveAllReduceStrategy`` with more than one
+trainer).
 """
 
 import collections
@@ -110,13 +113,14 @@ class TF1Strategy:
         return f"{type(self).__name__}: {self.replicas_per_worker} replica(s) per worker on {self.where()}"
 
     # ------------------------------------------------------------- checks
-    def check(self, cluster, entry: str) -> None:
+    def check(self, cluster, entry: str, replicas_ok: bool = False) -> None:
         """Refuse in one line what tfcluster cannot train as asked at ``entry`` (e.g. ``compile(distribute=...)``).
 
-        ``cluster`` is TF_CONFIG's (None without one).
+        ``cluster`` is TF_CONFIG's (None without one); ``replicas_ok``: the
+        entry builds several replicas in one process (an Estimator's model_fn).
         """
         name = type(self).__name__
-        if self.replicas_per_worker > 1:
+        if self.replicas_per_worker > 1 and not (replicas_ok and cluster is None):
             raise SpecError(f"{entry} with {name} on {self.replicas_per_worker} replicas per worker is not covered "
                             "yet; train the model_fn with tfcluster.fit(..., strategy='mirrored', towers="
                             f"{self.replicas_per_worker}), or give one device (docs/tf1.md)")
@@ -127,7 +131,8 @@ class TF1Strategy:
 
     def note(self, cluster, entry: str) -> None:
         """One line saying how the strategy trains here (once :meth:`check` passed)."""
-        log.info("%s: %s, the update of one process", entry, self.describe())
+        log.info("%s: %s, %s", entry, self.describe(), "the update of one process" if self.replicas_per_worker == 1
+                 else "one update per step from all of them")
 
     def scope(self):
         """A context for building the model: with one replica per worker, nothing to lay out."""
@@ -170,13 +175,13 @@ class CollectiveAllReduceStrategy(TF1Strategy):
     def __init__(self, num_gpus_per_worker=0):
         super().__init__(num_gpus=num_gpus_per_worker)
 
-    def check(self, cluster, entry: str) -> None:
+    def check(self, cluster, entry: str, replicas_ok: bool = False) -> None:
         """One worker (or none) is one process's training; all-reduce across workers is not covered yet."""
         if cluster is not None and cluster.num_replicas > 1:
             raise SpecError(f"{entry} with CollectiveAllReduceStrategy across {cluster.num_replicas} workers is not "
                             "covered yet; use tf.contrib.distribute.ParameterServerStrategy() with ps tasks, or "
                             "tfcluster.fit(..., strategy='collective') (docs/tf1.md)")
-        super().check(None, entry)
+        super().check(None, entry, replicas_ok)
 
 
 class ParameterServerStrategy(TF1Strategy):
@@ -187,12 +192,12 @@ class ParameterServerStrategy(TF1Strategy):
     def __init__(self, num_gpus_per_worker=0):
         super().__init__(num_gpus=num_gpus_per_worker)
 
-    def check(self, cluster, entry: str) -> None:
+    def check(self, cluster, entry: str, replicas_ok: bool = False) -> None:
         """With ps tasks: tfcluster's between-graph training; without a cluster: one process."""
         if cluster is not None and not cluster.num_tasks("ps"):
             raise SpecError(f"{entry} with ParameterServerStrategy needs ps tasks, and TF_CONFIG's cluster has none; "
                             "add them (tfcluster local --ps 1), or name no strategy (docs/tf1.md)")
-        super().check(None, entry)
+        super().check(cluster if self.replicas_per_worker > 1 else None, entry, replicas_ok)
 
     def note(self, cluster, entry: str) -> None:
         """One line saying how the strategy trains here (once :meth:`check` passed)."""

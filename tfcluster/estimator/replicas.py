@@ -1,0 +1,118 @@
+"""Several replicas of a ``model_fn`` in one process, one update per step: TF 1.x's Estimator under MirroredStrategy.
+
+TF 1.x's Estimator with ``RunConfig(train_distribute=MirroredStrategy(num_gpus=N))``
+called ``model_fn`` once per replica, each on its own device and its own batch
+from ``input_fn`` (the batch ``input_fn`` makes is a replica's), and the
+optimizer's ``apply_gradients`` inside ``model_fn`` summed the replicas'
+gradients before one update. Here, as there: while the replicas are built, a
+``tf.compat.v1.train.Optimizer`` divides the loss it differentiates by N (TF
+1.x's ``Optimizer._scale_loss`` for a mean loss) and records its gradients
+instead of applying them; once every replica is built, each recorded update
+is applied once with the replicas' gradients summed, which is the gradient of
+the mean loss over the global batch (N x the replica's batch). Replicas after
+the first share the first's variables (``variable_scope(reuse=True)``, as the
+TF1 tower programs did), which live on the first replica's device.
+
+Without GPUs the N replicas run on N virtual CPU devices, as tfcluster's own
+towers do (:class:`~tfcluster.strategies.towers.Towers`). A tf-keras
+optimizer (``model_to_estimator``) is not a ``tf.compat.v1.train.Optimizer``
+and creates new variables on each call, so that entry point refuses several
+replicas in one line (:func:`refuse_for_keras`).
+"""
+
+import contextlib
+import logging
+
+import tensorflow as tf
+
+from ..core.errors import ModelFnError, SpecError
+from ..graph.model import split_element
+from ..strategies.towers import Towers, sum_gradients
+from .calls import call_model_fn
+from .spec import EstimatorSpec, ModeKeys
+
+tf1 = tf.compat.v1
+log = logging.getLogger("tfcluster")
+
+
+def replicas_of(config) -> int:
+    """How many replicas of ``model_fn`` one training process builds for ``config`` (its train_distribute)."""
+    strategy = config.train_distribute
+    if strategy is None or config.cluster is not None:
+        return 1
+    return strategy.replicas_per_worker
+
+
+def towers_for(config) -> Towers:
+    """The replicas' devices: the strategy's named devices, else N GPUs, else N virtual CPU devices."""
+    strategy = config.train_distribute
+    return Towers(strategy.devices if strategy.devices is not None else strategy.replicas_per_worker)
+
+
+def refuse_for_keras(config):
+    """``model_to_estimator`` trains one replica per process: say so in one line when more are asked for."""
+    strategy = config.train_distribute if config is not None else None
+    if strategy is not None and replicas_of(config) > 1:
+        raise SpecError(f"model_to_estimator with {strategy.describe()} is not covered yet (a tf-keras model makes "
+                        "new variables on each call); write a model_fn, which RunConfig(train_distribute=...) "
+                        "runs on every replica, or give the strategy one device (docs/tf1.md)")
+
+
+@contextlib.contextmanager
+def _one_update(replicas: int, recorded: list):
+    """While replicas build: TF 1.x optimizers scale their loss by 1/replicas and record, not apply, updates."""
+    optimizer = tf1.train.Optimizer
+    compute, apply = optimizer.compute_gradients, optimizer.apply_gradients
+
+    def scaled_compute(self, loss, *args, **kwargs):
+        return compute(self, loss * (1.0 / replicas), *args, **kwargs)
+
+    def recording_apply(self, grads_and_vars, global_step=None, name=None):
+        recorded[-1].append((self, list(grads_and_vars), global_step, name))
+        return tf.no_op(name="replica_update")     # the update itself comes once, after every replica
+
+    optimizer.compute_gradients, optimizer.apply_gradients = scaled_compute, recording_apply
+    try:
+        yield
+    finally:
+        optimizer.compute_gradients, optimizer.apply_gradients = compute, apply
+
+
+def _apply_once(recorded: list):
+    """Each update the replicas asked for, applied once with their gradients summed per variable."""
+    counts = {len(r) for r in recorded}
+    if len(counts) != 1 or not recorded[0]:
+        raise ModelFnError("model_fn must make the same optimizer updates on every replica "
+                           f"(apply_gradients calls per replica: {[len(r) for r in recorded]})")
+    updates = []
+    for calls in zip(*recorded):
+        optimizer, first, global_step, name = calls[0]
+        summed = []
+        for i, (_, var) in enumerate(first):
+            grads = [call[1][i][0] for call in calls]
+            summed.append((None if any(g is None for g in grads) else sum_gradients(grads), var))
+        updates.append(tf1.train.Optimizer.apply_gradients(optimizer, summed, global_step=global_step, name=name))
+    return updates
+
+
+def build_replicas(model_fn, iterator, features, labels, params, config, towers: Towers) -> EstimatorSpec:
+    """The TRAIN spec of ``model_fn`` over ``towers``: replica 0 reads ``features``/``labels``, the others read on."""
+    if iterator is None:
+        raise SpecError(f"with {config.train_distribute.describe()}, input_fn must return a tf.data.Dataset "
+                        "(each replica reads its own batch of it), not tensors")
+    recorded, specs = [], []
+    devices = towers.local_devices
+    with _one_update(len(devices), recorded):
+        for k, device in enumerate(devices):
+            recorded.append([])
+            if k:
+                features, labels = split_element(iterator.get_next())
+            with tf1.variable_scope(tf1.get_variable_scope(), reuse=k > 0), tf1.name_scope(f"replica_{k}"), \
+                    tf1.device(device):
+                specs.append(call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config))
+    updates = _apply_once(recorded)
+    first = specs[0]
+    loss = tf.add_n([s.loss for s in specs]) / len(specs)        # TF 1.x reported the replicas' mean loss
+    train_op = tf.group(*updates, *[s.train_op for s in specs], name="replicas_train_op")
+    log.info("model_fn runs on %s, one update per step from all of them", towers.describe())
+    return first._replace(loss=loss, train_op=train_op)
