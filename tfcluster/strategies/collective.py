@@ -171,38 +171,54 @@ class CollectiveAllReduceStrategy(Strategy):
         """This worker's replica(s), the all-reduce of their gradients, one update; broadcast and check."""
         import tensorflow as tf
         tf1 = tf.compat.v1
-        self._keys = itertools.count(1)
+        self.start_graph()
         with self.scope():
             gs, opt, out, mean, grads, update_ops = build_single_replica(self, model_fn, next_batch, optimizer,
                                                                          per_replica_batch)
             # Model state no gradient updates (batch-norm moving averages), before the optimizer adds its own.
             model_state = [v for v in tf1.global_variables()
                            if not v.trainable and v is not gs and v.dtype.base_dtype.is_floating and _sendable(v)]
-            if self.num_workers > 1:
-                with tf1.name_scope("tfcluster_allreduce"):
-                    grads = self._all_reduce(grads, wire=self.wire)
+            grads = self.reduce_gradients(grads)
             with tf.control_dependencies([mean]):
                 train = opt.apply_gradients(grads, global_step=gs)
             after = [train] + update_ops
             if self.num_workers > 1 and update_ops and model_state:
                 with tf1.name_scope("tfcluster_average_state"):
                     after = [train, self._average(model_state, update_ops)]
-            fetch = global_step_after(after, gs)
-            hooks = []
-            if self.num_workers > 1:
-                state = [v for v in tf1.global_variables() if _sendable(v)]
-                skipped = [v.op.name for v in tf1.global_variables() if not _sendable(v)]
-                if skipped:
-                    log.warning("variables of a type collectives cannot send stay per-worker: %s", ", ".join(skipped))
-                with tf1.name_scope("tfcluster_broadcast"):
-                    broadcast = self._broadcast(state)
-                check = None
-                if self.check_copies:
-                    with tf1.name_scope("tfcluster_check_copies"):
-                        check = self._gather_checksums(state)
-                hooks.append(_CopiesHook(self, broadcast, check, [v.op.name for v in state]))
-        runner = _CollectiveRunner(self, fetch, mean) if self.num_workers > 1 else StepRunner(fetch, mean)
+            runner, hooks = self.finish_graph(global_step_after(after, gs), mean)
         return TrainGraph(runner, gs, mean, hooks=hooks, model=out)
+
+    # ------------------------------------------------ parts other front ends build with (the Estimator's)
+    def start_graph(self):
+        """Number this graph's collectives from 1: every worker builds the same graph, so the keys match."""
+        self._keys = itertools.count(1)
+
+    def reduce_gradients(self, grads) -> list:
+        """``(sum over every worker, variable)`` pairs; this worker's own when it is the only one."""
+        if self.num_workers < 2:
+            return grads
+        import tensorflow as tf
+        with tf.compat.v1.name_scope("tfcluster_allreduce"):
+            return self._all_reduce(grads, wire=self.wire)
+
+    def finish_graph(self, fetch, loss):
+        """``(runner, hooks)`` of a built graph: a step whose collective failures are one line, and the hook that
+        broadcasts worker 0's variables at each session start and compares the copies at the end."""
+        import tensorflow as tf
+        tf1 = tf.compat.v1
+        if self.num_workers < 2:
+            return StepRunner(fetch, loss), []
+        state = [v for v in tf1.global_variables() if _sendable(v)]
+        skipped = [v.op.name for v in tf1.global_variables() if not _sendable(v)]
+        if skipped:
+            log.warning("variables of a type collectives cannot send stay per-worker: %s", ", ".join(skipped))
+        with tf1.name_scope("tfcluster_broadcast"):
+            broadcast = self._broadcast(state)
+        check = None
+        if self.check_copies:
+            with tf1.name_scope("tfcluster_check_copies"):
+                check = self._gather_checksums(state)
+        return _CollectiveRunner(self, fetch, loss), [_CopiesHook(self, broadcast, check, [v.op.name for v in state])]
 
     def _collective_args(self, timeout):
         import tensorflow as tf
