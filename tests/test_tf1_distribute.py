@@ -2,13 +2,15 @@
 line what is not covered yet.
 
 Covered: one replica per worker (TF 1.x's ``MirroredStrategy()`` on a machine without GPUs), under
-``compile(distribute=...)`` and ``RunConfig(train_distribute=...)``; several replicas of a ``model_fn`` in one
-process under ``RunConfig(train_distribute=...)``; ``ParameterServerStrategy`` on a TF_CONFIG with ps tasks.
-Refused in one line: several replicas under Keras or on a cluster, all-reduce across workers, a remote
-cluster.
+``compile(distribute=...)`` and ``RunConfig(train_distribute=...)``; under ``RunConfig(train_distribute=...)``
+several replicas of a ``model_fn`` in one process and ``CollectiveAllReduceStrategy`` across TF_CONFIG's
+workers, each equal to one process on the global batch; ``ParameterServerStrategy`` on a TF_CONFIG with ps
+tasks. Refused in one line: several replicas under Keras or on a cluster, all-reduce under Keras's compile,
+a remote cluster.
 """
 
 import json
+import pathlib
 import re
 
 import numpy as np
@@ -16,6 +18,8 @@ import pytest
 
 from conftest import base_env
 from test_tf1_gaps import run_tf1
+
+HERE = pathlib.Path(__file__).resolve().parent
 
 # The tutorial's Keras program (TF 1.11), with a seed so that two runs start from the same weights.
 # DISTRIBUTE is replaced by the compile argument under test.
@@ -181,10 +185,13 @@ def test_a_model_fn_on_two_replicas_trains_as_one_process_on_the_global_batch(tm
      "train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(num_gpus_per_worker=2))", None,
      r"model_to_estimator with CollectiveAllReduceStrategy: 2 replica\(s\) per worker on 2 virtual CPU devices is "
      r"not covered yet"),
-    ("train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy()",
+    ("train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(num_gpus_per_worker=2)",
      {"worker": ["localhost:1", "localhost:2"]},
-     r"RunConfig\(train_distribute=\.\.\.\) with CollectiveAllReduceStrategy across 2 workers is not covered yet; "
-     r"use tf\.contrib\.distribute\.ParameterServerStrategy\(\) with ps tasks"),
+     r"RunConfig\(train_distribute=\.\.\.\) with CollectiveAllReduceStrategy across 2 workers and 2 replicas per "
+     r"worker is not covered yet"),
+    ("train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy()",
+     {"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]},
+     r"with CollectiveAllReduceStrategy uses no ps tasks, and TF_CONFIG's cluster has some"),
     ("train_distribute=tf.contrib.distribute.MirroredStrategy()", {"worker": ["localhost:1"], "ps": ["localhost:2"]},
      r"with MirroredStrategy trains in one process, but TF_CONFIG has a cluster"),
     ("train_distribute=tf.contrib.distribute.ParameterServerStrategy()", {"worker": ["localhost:1", "localhost:2"]},
@@ -244,3 +251,30 @@ def test_mirrored_strategy_takes_every_gpu_listed_and_the_cpu_without_one(monkey
     assert distribute.MirroredStrategy().describe() == ("MirroredStrategy: 1 replica(s) per worker on /cpu:0 "
                                                         "(no GPU, none asked for)")
     assert distribute.MirroredStrategy(num_gpus=2).describe().endswith("on 2 virtual CPU devices")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_collective_all_reduce_across_two_workers_trains_as_one_process_on_the_global_batch(tmp_path):
+    # A public TF 1.x program's shape: RunConfig(experimental_distribute=DistributeConfig(train_distribute=
+    # CollectiveAllReduceStrategy(), eval_distribute=MirroredStrategy())), input_fn(mode, input_context) reading
+    # its worker's shard, train_and_evaluate; on a cluster of two workers and an evaluator, no ps.
+    from test_legacy_programs import Ran, assert_clean_exit
+    run = Ran(tmp_path, "estimator_allreduce.py", ["--ps", "0", "--workers", "2", "--evaluator"],
+              ["--model_dir", str(tmp_path / "model"), "--batch", "10"])
+    assert_clean_exit(run)
+    for worker in ("worker:0", "worker:1"):
+        assert re.search(rf"^\[{worker}\] tfcluster: info: RunConfig\(experimental_distribute=.*CollectiveAllReduce"
+                         r"Strategy: 1 replica\(s\) per worker on /cpu:0; each of the 2 workers holds a copy",
+                         run.out, re.M), run.out[-3000:]
+        # The replicas stayed in step: the copies' checksums agree at the end.
+        assert re.search(rf"^\[{worker}\] .*{worker}: all 2 workers hold identical variables", run.out, re.M)
+    assert json.loads(run.printed("EVAL")["evaluator:0"])["global_step"] == 20
+    cluster = json.loads(run.printed("WEIGHTS")["worker:0"])
+    one = run_tf1(tmp_path, (HERE / "programs" / "estimator_allreduce.py").read_text(), "--model_dir",
+                  tmp_path / "one", "--batch", "20", "--strategy", "none")
+    assert one.returncode == 0, one.stderr[-3000:]
+    alone = json.loads(re.search(r"^WEIGHTS (.*)$", one.stdout, re.M).group(1))
+    assert cluster["global_step"] == alone["global_step"] == 20          # one update per step from both workers
+    for name in ("hidden/kernel", "out/kernel", "out/bias"):
+        np.testing.assert_allclose(cluster[name], alone[name], rtol=1e-5, atol=1e-6)

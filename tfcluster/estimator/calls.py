@@ -58,15 +58,17 @@ def call_model_fn(model_fn, features, labels, mode, params, config) -> Estimator
     return spec
 
 
-def call_input_fn(input_fn, mode, params, config, device: str = "/cpu:0"):
+def call_input_fn(input_fn, mode, params, config, device: str = "/cpu:0", input_context=None):
     """``(features, labels, initializers, iterator)`` from ``input_fn``: a Dataset, or a ``(features, labels)`` pair.
 
     It runs on this worker's CPU, as TF 1.x's Estimator ran it; a Dataset is
     read through an initializable iterator whose initializer the session
-    runs (again after each recovery); ``iterator`` is None for tensors.
+    runs (again after each recovery); ``iterator`` is None for tensors. An
+    ``input_fn`` with an ``input_context`` argument gets ``input_context``
+    (a strategy's, else None), as TF 1.14's Estimator gave it.
     """
     args = fn_args(input_fn)
-    given = {"mode": mode, "params": params, "config": config}
+    given = {"mode": mode, "params": params, "config": config, "input_context": input_context}
     kwargs = {k: v for k, v in given.items() if k in args}
     if "params" in args and params is None:
         kwargs["params"] = {}

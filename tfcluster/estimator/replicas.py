@@ -1,4 +1,4 @@
-"""Several replicas of a ``model_fn`` in one process, one update per step: TF 1.x's Estimator under MirroredStrategy.
+"""Replicas of a ``model_fn``, one update per step from all of them: TF 1.x's Estimator under a strategy.
 
 TF 1.x's Estimator with ``RunConfig(train_distribute=MirroredStrategy(num_gpus=N))``
 called ``model_fn`` once per replica, each on its own device and its own batch
@@ -18,6 +18,13 @@ towers do (:class:`~tfcluster.strategies.towers.Towers`). A tf-keras
 optimizer (``model_to_estimator``) is not a ``tf.compat.v1.train.Optimizer``
 and creates new variables on each call, so that entry point refuses several
 replicas in one line (:func:`refuse_for_keras`).
+
+Across TF_CONFIG's workers (``CollectiveAllReduceStrategy``), each worker
+builds ``model_fn`` once on its own copy of the variables, the same way:
+its recorded gradients, scaled by 1/workers, are summed over every worker by
+tfcluster's collective strategy (:mod:`tfcluster.strategies.collective`: one
+all-reduce per dtype, worker 0's variables broadcast at each session start,
+the copies compared at the end) and applied on each copy (:func:`build_collective`).
 """
 
 import contextlib
@@ -93,6 +100,46 @@ def _apply_once(recorded: list):
             summed.append((None if any(g is None for g in grads) else sum_gradients(grads), var))
         updates.append(tf1.train.Optimizer.apply_gradients(optimizer, summed, global_step=global_step, name=name))
     return updates
+
+
+def input_context(config):
+    """The ``tf.distribute.InputContext`` TF 1.x gave an ``input_fn`` that takes one, under a strategy (else None):
+    this worker's pipeline of the workers', and the replicas in sync."""
+    strategy, cluster = config.train_distribute, config.cluster
+    if strategy is None:
+        return None
+    workers = cluster.num_replicas if cluster is not None and collective_of(config) is not None else 1
+    index = cluster.trainers().index(cluster.task) if workers > 1 else 0
+    return tf.distribute.InputContext(num_input_pipelines=workers, input_pipeline_id=index,
+                                      num_replicas_in_sync=workers * strategy.replicas_per_worker)
+
+
+def collective_of(config):
+    """tfcluster's collective strategy on TF_CONFIG's workers when ``train_distribute`` asks for all-reduce across
+    several of them (``CollectiveAllReduceStrategy``), else None."""
+    strategy, cluster = config.train_distribute, config.cluster
+    if strategy is None or getattr(strategy, "kind", None) != "collective" or cluster is None \
+            or cluster.num_replicas < 2:
+        return None
+    from ..strategies.collective import CollectiveAllReduceStrategy
+    return CollectiveAllReduceStrategy().bind(cluster)
+
+
+def build_collective(model_fn, features, labels, params, config, collective):
+    """The TRAIN spec of ``model_fn`` on this worker's copy: its update applied with every worker's gradients."""
+    collective.start_graph()
+    recorded = [[]]
+    with _one_update(collective.num_workers, recorded):
+        spec = call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
+    if not recorded[0]:
+        raise ModelFnError("with CollectiveAllReduceStrategy, model_fn's update must come from a "
+                           "tf.compat.v1.train optimizer (its apply_gradients is where the workers' gradients are "
+                           "summed); a tf-keras optimizer's is not")
+    updates = []
+    for optimizer, grads_and_vars, global_step, name in recorded[0]:
+        summed = collective.reduce_gradients([(g, v) for g, v in grads_and_vars if g is not None])
+        updates.append(tf1.train.Optimizer.apply_gradients(optimizer, summed, global_step=global_step, name=name))
+    return spec._replace(train_op=tf.group(*updates, spec.train_op, name="allreduce_train_op"))
 
 
 def build_replicas(model_fn, iterator, features, labels, params, config, towers: Towers) -> EstimatorSpec:

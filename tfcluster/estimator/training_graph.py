@@ -32,7 +32,7 @@ from ..training.loop import run_loop
 from ..training.session import TrainingSession
 from ..training.timer import Every
 from .calls import call_input_fn, call_model_fn
-from .replicas import build_replicas, replicas_of, towers_for
+from .replicas import build_collective, build_replicas, collective_of, input_context, replicas_of, towers_for
 from .spec import ModeKeys
 
 tf1 = tf.compat.v1
@@ -147,8 +147,10 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
                              "use tf.estimator.train_and_evaluate, which gives every task its role")
     rerun_in_every_session()     # queue runners and the SyncReplicasOptimizer hook run steps of their own
     server = None
+    collective = collective_of(config)
     if cluster is not None:
-        server = task_server(cluster)
+        # The collective group's leader must be in the server's own config (strategies/collective.py).
+        server = task_server(cluster, config=collective.configure(cluster.session_config()) if collective else None)
         wait_for_cluster(cluster, timeout=config.session_creation_timeout_secs)
     name = str(cluster.task) if cluster is not None else "estimator"
     model_dir = estimator.model_dir
@@ -156,9 +158,9 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
         os.makedirs(model_dir, exist_ok=True)
     graph = tf1.Graph()
     with graph.as_default():
-        train_graph, spec, init_local, iterator = _build(estimator, input_fn, cluster)
+        train_graph, spec, init_local, iterator = _build(estimator, input_fn, cluster, collective)
         session, all_hooks = _session(estimator, train_graph, spec, init_local, server, cluster, name,
-                                      list(hooks or ()), saving_listeners)
+                                      list(hooks or ()), saving_listeners, collective)
         all_hooks += input_position(iterator, model_dir, train_graph.global_step, name,
                                     save_steps=config.save_checkpoints_steps, save_secs=config.save_checkpoints_secs,
                                     keep=(config.keep_checkpoint_max or 3) + 2)
@@ -171,8 +173,9 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
             session.close()
 
 
-def _build(estimator, input_fn, cluster):
-    """The training graph: global step and model on the ps (by bytes), input on this worker's CPU."""
+def _build(estimator, input_fn, cluster, collective=None):
+    """The training graph: global step and model on the ps (by bytes), input on this worker's CPU; with
+    ``collective``, every variable on this worker's own copy."""
     config = estimator.config
     if config.tf_random_seed is not None:
         tf1.set_random_seed(config.tf_random_seed)
@@ -180,24 +183,31 @@ def _build(estimator, input_fn, cluster):
     if setter is None and cluster is not None and cluster.num_tasks("ps"):
         setter = ByteBalancedSetter.for_cluster(cluster)
     worker_cpu = (cluster.task.device if cluster is not None else "") + "/cpu:0"
+    setter = collective.host if collective is not None else setter
     with tf1.device(setter):
         global_step = tf1.train.get_or_create_global_step()
     features, labels, init_local, iterator = call_input_fn(input_fn, ModeKeys.TRAIN, estimator.params, config,
-                                                           worker_cpu)
+                                                           worker_cpu, input_context(config))
+    params, hooks = estimator.params, []
     with tf1.device(setter):
-        if replicas_of(config) > 1:
-            spec = build_replicas(estimator.model_fn, iterator, features, labels, estimator.params, config,
-                                  towers_for(config))
+        if collective is not None:
+            spec = build_collective(estimator.model_fn, features, labels, params, config, collective)
+        elif replicas_of(config) > 1:
+            spec = build_replicas(estimator.model_fn, iterator, features, labels, params, config, towers_for(config))
         else:
-            spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, estimator.params, config)
+            spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, params, config)
         fetch = global_step_after([spec.train_op], global_step)
+        if collective is not None:
+            runner, hooks = collective.finish_graph(fetch, spec.loss)
+        else:
+            runner = StepRunner(fetch, spec.loss)
     finishes = tf1.get_collection(FINISH_COLLECTION)        # a SyncReplicasOptimizer's train op only pushes
-    runner = StepRunner(fetch, spec.loss)
     runner = FinishingRunner(runner, finishes) if finishes else runner
-    return TrainGraph(runner, global_step, spec.loss), spec, init_local, iterator
+    return TrainGraph(runner, global_step, spec.loss, hooks=hooks), spec, init_local, iterator
 
 
-def _session(estimator, train_graph, spec, init_local, server, cluster, name, hooks, saving_listeners):
+def _session(estimator, train_graph, spec, init_local, server, cluster, name, hooks, saving_listeners,
+             collective=None):
     """The TrainingSession and every hook of the run, the chief's saving ones included."""
     config = estimator.config
     chief = config.is_chief
@@ -208,9 +218,13 @@ def _session(estimator, train_graph, spec, init_local, server, cluster, name, ho
                                                   keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
                                                   save_relative_paths=True)
     local_init = list(init_local) + ([scaffold.local_init_op] if scaffold.local_init_op is not None else [])
+    session_config = _session_config(config, cluster)
+    if collective is not None:
+        collective.configure(session_config)
+    # With all-reduce every worker initialises its own copy (then takes worker 0's); only the chief saves.
     session = TrainingSession(
-        train_graph, target=server.target if server is not None else "", config=_session_config(config, cluster),
-        is_chief=chief, saver=saver, checkpoint_dir=estimator.model_dir if chief else None,
+        train_graph, target=server.target if server is not None else "", config=session_config,
+        is_chief=chief or collective is not None, saver=saver, checkpoint_dir=estimator.model_dir if chief else None,
         extra_local_init=local_init, cluster=cluster, name=name, startup_timeout=config.session_creation_timeout_secs,
         init_fn=scaffold.init_fn, init_feed_dict=scaffold.init_feed_dict)
     # First: the chief's final save waits for the other trainers' last steps.

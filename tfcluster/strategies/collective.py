@@ -202,8 +202,7 @@ class CollectiveAllReduceStrategy(Strategy):
             return self._all_reduce(grads, wire=self.wire)
 
     def finish_graph(self, fetch, loss):
-        """``(runner, hooks)`` of a built graph: a step whose collective failures are one line, and the hook that
-        broadcasts worker 0's variables at each session start and compares the copies at the end."""
+        """``(runner, hooks)`` of a built graph: a step that names failed collectives, and :class:`_CopiesHook`."""
         import tensorflow as tf
         tf1 = tf.compat.v1
         if self.num_workers < 2:

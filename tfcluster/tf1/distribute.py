@@ -10,15 +10,15 @@ one line, when tfcluster cannot train it that way.
 Covered (docs/tf1.md, "Distribution strategies"): every strategy with one
 replica per worker, as TF 1.x ran them on a machine without GPUs (its
 ``MirroredStrategy()`` mirrored over the GPUs, else used the CPU alone);
-several replicas in one process under an Estimator's ``RunConfig`` with a
-``model_fn`` (:mod:`tfcluster.estimator.replicas`); ``ParameterServerStrategy``
+several replicas in one process, and ``CollectiveAllReduceStrategy`` across
+TF_CONFIG's workers, under an Estimator's ``RunConfig`` with a ``model_fn``
+(:mod:`tfcluster.estimator.replicas`); ``ParameterServerStrategy``
 under a TF_CONFIG with ps tasks, which is tfcluster's between-graph training;
 ``eval_distribute`` (the evaluation runs in one process; its metrics do not
 depend on how batches were split). Not yet covered, and refused in one line
 naming what to use instead: several replicas per worker under Keras
 (``compile(distribute=...)``, ``model_to_estimator``) or on a cluster, and
-all-reduce across workers (``CollectiveAllReduceStrategy`` with more than one
-trainer).
+all-reduce across workers under Keras's ``compile``.
 """
 
 import collections
@@ -176,12 +176,30 @@ class CollectiveAllReduceStrategy(TF1Strategy):
         super().__init__(num_gpus=num_gpus_per_worker)
 
     def check(self, cluster, entry: str, replicas_ok: bool = False) -> None:
-        """One worker (or none) is one process's training; all-reduce across workers is not covered yet."""
+        """One worker (or none) is one process's training; across workers, the Estimator's all-reduce
+        (``replicas_ok``: the entry runs a model_fn) with one replica per worker."""
+        if cluster is not None and cluster.num_replicas > 1 and replicas_ok:
+            if self.replicas_per_worker > 1:
+                raise SpecError(f"{entry} with CollectiveAllReduceStrategy across {cluster.num_replicas} workers "
+                                f"and {self.replicas_per_worker} replicas per worker is not covered yet; give each "
+                                "worker one device (num_gpus_per_worker=0 or 1) (docs/tf1.md)")
+            if cluster.num_tasks("ps"):
+                raise SpecError(f"{entry} with CollectiveAllReduceStrategy uses no ps tasks, and TF_CONFIG's "
+                                "cluster has some; start it without them (tfcluster local --ps 0 --workers 2), or "
+                                "use tf.contrib.distribute.ParameterServerStrategy() (docs/tf1.md)")
+            return
         if cluster is not None and cluster.num_replicas > 1:
             raise SpecError(f"{entry} with CollectiveAllReduceStrategy across {cluster.num_replicas} workers is not "
                             "covered yet; use tf.contrib.distribute.ParameterServerStrategy() with ps tasks, or "
                             "tfcluster.fit(..., strategy='collective') (docs/tf1.md)")
         super().check(None, entry, replicas_ok)
+
+    def note(self, cluster, entry: str) -> None:
+        """One line saying how the strategy trains here (once :meth:`check` passed)."""
+        if cluster is None or cluster.num_replicas < 2:
+            return super().note(cluster, entry)
+        log.info("%s: %s; each of the %d workers holds a copy, their gradients all-reduced into one update per "
+                 "step (tfcluster's collective strategy)", entry, self.describe(), cluster.num_replicas)
 
 
 class ParameterServerStrategy(TF1Strategy):
