@@ -1,5 +1,6 @@
 """Shared fixtures: real processes, reserved ports, and a guarantee of no orphans."""
 
+import logging
 import os
 import re
 import signal
@@ -110,6 +111,20 @@ class Procs:
             for f in (p.stdout, p.stderr):
                 if f:
                     f.close()
+
+
+@pytest.fixture
+def said(caplog):
+    """tfcluster's log lines during the test (its logger may not propagate: the CLI's setup turns that off)."""
+    log = logging.getLogger("tfcluster")
+    level, own = log.level, not log.propagate
+    if own:
+        log.addHandler(caplog.handler)
+    log.setLevel(logging.INFO)
+    yield caplog
+    if own:
+        log.removeHandler(caplog.handler)
+    log.setLevel(level)
 
 
 @pytest.fixture

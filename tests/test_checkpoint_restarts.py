@@ -6,7 +6,6 @@ truncated for real.
 """
 
 import importlib.util
-import logging
 import os
 import subprocess
 import sys
@@ -22,20 +21,6 @@ import _fit_job as job  # noqa: E402
 import tfcluster  # noqa: E402
 from conftest import base_env  # noqa: E402
 from tfcluster.runtime.checkpoints import UNREADABLE_DIR, read_done_marker  # noqa: E402
-
-
-@pytest.fixture
-def said(caplog):
-    """tfcluster's log lines during the test (its logger may not propagate: the CLI's setup turns that off)."""
-    log = logging.getLogger("tfcluster")
-    level, own = log.level, not log.propagate
-    if own:
-        log.addHandler(caplog.handler)
-    log.setLevel(logging.INFO)
-    yield caplog
-    if own:
-        log.removeHandler(caplog.handler)
-    log.setLevel(level)
 
 
 def run(data, ckpt, steps, **kw):

@@ -7,7 +7,6 @@ uninterrupted run reads. Real runs of ``fit`` and of the Estimator, real
 checkpoints.
 """
 
-import logging
 import os
 import signal
 import sys
@@ -29,20 +28,6 @@ import tfcluster.estimator  # noqa: E402
 from tfcluster.training.input_position import INPUT_DIR  # noqa: E402
 
 IDS = 1000
-
-
-@pytest.fixture
-def said(caplog):
-    """tfcluster's log lines during the test (its logger may not propagate: the CLI's setup turns that off)."""
-    log = logging.getLogger("tfcluster")
-    level, own = log.level, not log.propagate
-    if own:
-        log.addHandler(caplog.handler)
-    log.setLevel(logging.INFO)
-    yield caplog
-    if own:
-        log.removeHandler(caplog.handler)
-    log.setLevel(level)
 
 
 def fit(ckpt, steps, shuffle_seed=None, input_fn=None):
