@@ -79,3 +79,12 @@ def test_the_readme_table_is_rewritten_between_its_marks_and_nowhere_else(tmp_pa
 def RUN(examples_per_sec):
     """A run record as the bench keeps it, for one worker without a timeline."""
     return dict(results=[dict(examples_per_sec=examples_per_sec)], layout="1 process")
+
+
+@pytest.mark.timeout(120)
+def test_the_input_position_probe_prints_a_row_per_pipeline():
+    r = subprocess.run([sys.executable, "scripts/bench/input_position.py"], cwd=REPO, capture_output=True, text=True,
+                       timeout=110, env=base_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| none |") or line.startswith("| 10000 |")]
+    assert len(rows) == 2 and all(" ms (" in row and " MB |" in row for row in rows), r.stdout
