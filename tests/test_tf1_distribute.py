@@ -278,3 +278,38 @@ def test_collective_all_reduce_across_two_workers_trains_as_one_process_on_the_g
     assert cluster["global_step"] == alone["global_step"] == 20          # one update per step from both workers
     for name in ("hidden/kernel", "out/kernel", "out/bias"):
         np.testing.assert_allclose(cluster[name], alone[name], rtol=1e-5, atol=1e-6)
+
+
+# ====================================================================== TF 1.14's tf.distribute.experimental
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tf_1_14s_parameter_server_strategy_scope_trains_a_keras_model_shared_on_the_ps(tmp_path):
+    # TF 1.14 itself refused Keras under this strategy ("currently only works with the tf.Estimator API").
+    from test_legacy_programs import Ran, assert_clean_exit
+    run = Ran(tmp_path, "keras_tf14.py", ["--ps", "1", "--workers", "2"], ["--strategy", "ps"])
+    assert_clean_exit(run)
+    assert re.search(r"^\[worker:0\] tfcluster: info: ParameterServerStrategy\.scope\(\): ParameterServerStrategy: 1 "
+                     r"replica\(s\) per worker on /cpu:0 \(no GPU, none asked for\); variables on the ps tasks", run.out,
+                     re.M), run.out[-3000:]
+    # 64 examples halved between two workers, batches of 8, 2 epochs: 8 updates each, on one shared model.
+    assert run.printed("ITER") == {"worker:0": "16", "worker:1": "16"}
+
+
+def test_tf_1_14s_multi_worker_mirrored_strategy_scope_across_workers_is_refused_in_one_line(tmp_path):
+    env = base_env(TF_CONFIG=json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]},
+                                         "task": {"type": "worker", "index": 0}}))
+    r = run_tf1(tmp_path, (HERE / "programs" / "keras_tf14.py").read_text(), "--strategy", "multi_worker", env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("tfcluster: error:")]
+    assert errors == ["tfcluster: error: MultiWorkerMirroredStrategy.scope() across 2 workers (Keras all-reduce) is not "
+                      "covered yet; use tf.distribute.experimental.ParameterServerStrategy() with ps tasks, or the "
+                      "strategy in an Estimator's RunConfig(train_distribute=...) (docs/tf1.md)"]
+
+
+@pytest.mark.timeout(150)
+def test_tf_1_14s_multi_worker_mirrored_strategy_in_a_run_config_trains_a_model_fn(tmp_path):
+    # Alone (no TF_CONFIG) it is one replica on the CPU; across workers the Estimator all-reduces (test above).
+    r, result = custom_run(tmp_path, "tf.distribute.experimental.MultiWorkerMirroredStrategy()", 10)
+    assert result["global_step"] == 20
+    assert re.search(r"^tfcluster: info: RunConfig\(train_distribute=\.\.\.\): MultiWorkerMirroredStrategy: 1 "
+                     r"replica\(s\) per worker on /cpu:0", r.stderr, re.M), r.stderr[-2000:]

@@ -204,7 +204,8 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
     contrib.learn.datasets.mnist = modules[_MNIST_NAMES[1]]
     contrib.learn.python.learn.datasets.mnist = modules[_MNIST_NAMES[2]]
     stand_in = TF1Module(real, v1, contrib, modules["tensorflow.examples"], estimator,
-                         {"constant": overrides.constant, "train": overrides.train, "keras": overrides.keras})
+                         {"constant": overrides.constant, "train": overrides.train, "keras": overrides.keras,
+                          "distribute": overrides.distribute})
     sys.meta_path.insert(0, _TF1Finder({"contrib": contrib, "estimator": estimator}, modules))
     sys.modules["tensorflow"] = stand_in
 

@@ -12,13 +12,14 @@ replica per worker, as TF 1.x ran them on a machine without GPUs (its
 ``MirroredStrategy()`` mirrored over the GPUs, else used the CPU alone);
 several replicas in one process, and ``CollectiveAllReduceStrategy`` across
 TF_CONFIG's workers, under an Estimator's ``RunConfig`` with a ``model_fn``
-(:mod:`tfcluster.estimator.replicas`); ``ParameterServerStrategy``
+(:mod:`tfcluster.estimator.replicas`); TF 1.14's ``tf.distribute.experimental``
+names of the two that read TF_CONFIG; ``ParameterServerStrategy``
 under a TF_CONFIG with ps tasks, which is tfcluster's between-graph training;
 ``eval_distribute`` (the evaluation runs in one process; its metrics do not
 depend on how batches were split). Not yet covered, and refused in one line
 naming what to use instead: several replicas per worker under Keras
 (``compile(distribute=...)``, ``model_to_estimator``) or on a cluster, and
-all-reduce across workers under Keras's ``compile``.
+all-reduce across workers under Keras (``compile``, ``scope()``).
 """
 
 import collections
@@ -71,12 +72,19 @@ class TF1Strategy:
     """A TF 1.x strategy as a program named it: its kind, its devices per worker, the replicas they make."""
 
     kind = "mirrored"
+    #: Where a program found the class (``tf.distribute.experimental`` for TF 1.14's).
+    namespace = "tf.contrib.distribute"
+
+    @property
+    def name(self) -> str:
+        """The class's name as the program wrote it (TF 1.14's ParameterServerStrategy is one name for two)."""
+        return type(self).__name__.replace("V1", "")
 
     def __init__(self, devices=None, num_gpus: Optional[int] = None, cross_device_ops=None):
         if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0):
-            raise SpecError(f"{type(self).__name__}: the number of GPUs must be a whole number >= 0, got {num_gpus!r}")
+            raise SpecError(f"{self.name}: the number of GPUs must be a whole number >= 0, got {num_gpus!r}")
         if devices is not None and (isinstance(devices, str) or not list(devices)):
-            raise SpecError(f"{type(self).__name__}: devices must be a non-empty list of device names, got "
+            raise SpecError(f"{self.name}: devices must be a non-empty list of device names, got "
                             f"{devices!r}")
         self.devices = None if devices is None else list(devices)
         self.num_gpus = num_gpus
@@ -110,7 +118,7 @@ class TF1Strategy:
 
     def describe(self) -> str:
         """e.g. ``MirroredStrategy: 1 replica on /cpu:0 (no GPU, none asked for)``."""
-        return f"{type(self).__name__}: {self.replicas_per_worker} replica(s) per worker on {self.where()}"
+        return f"{self.name}: {self.replicas_per_worker} replica(s) per worker on {self.where()}"
 
     # ------------------------------------------------------------- checks
     def check(self, cluster, entry: str, replicas_ok: bool = False) -> None:
@@ -119,7 +127,7 @@ class TF1Strategy:
         ``cluster`` is TF_CONFIG's (None without one); ``replicas_ok``: the
         entry builds several replicas in one process (an Estimator's model_fn).
         """
-        name = type(self).__name__
+        name = self.name
         if self.replicas_per_worker > 1 and not (replicas_ok and cluster is None):
             raise SpecError(f"{entry} with {name} on {self.replicas_per_worker} replicas per worker is not covered "
                             "yet; train the model_fn with tfcluster.fit(..., strategy='mirrored', towers="
@@ -136,14 +144,14 @@ class TF1Strategy:
 
     def scope(self):
         """A context for building the model: with one replica per worker, nothing to lay out."""
-        self.check(None, f"{type(self).__name__}.scope()")
+        self.check(None, f"{self.name}.scope()")
         import contextlib
         return contextlib.nullcontext(self)
 
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
-        raise TF1RemovedError(f"tf.contrib.distribute.{type(self).__name__}.{name}",
+        raise TF1RemovedError(f"{self.namespace}.{self.name}.{name}",
                               "compile(distribute=...) or RunConfig(train_distribute=...) with the strategy, "
                               "which is what TF1 mode covers of it (docs/tf1.md)")
 
@@ -225,6 +233,53 @@ class ParameterServerStrategy(TF1Strategy):
                  "training)", entry, self.describe())
 
 
+class MultiWorkerMirroredStrategy(CollectiveAllReduceStrategy):
+    """TF 1.14's ``tf.distribute.experimental.MultiWorkerMirroredStrategy``: all-reduce across TF_CONFIG's workers,
+    on every GPU of each (one replica on the CPU without one)."""
+
+    namespace = "tf.distribute.experimental"
+
+    def __init__(self, communication=None, cluster_resolver=None):
+        TF1Strategy.__init__(self, num_gpus=None)
+        _no_resolver(cluster_resolver, self.name)
+
+    def scope(self):
+        """Keras under this scope trains on one worker only: across several, say it is not covered yet."""
+        from ..topology.cluster import Cluster
+        cluster = Cluster.from_environment()
+        if cluster is not None and cluster.num_replicas > 1:
+            raise SpecError(f"{self.name}.scope() across {cluster.num_replicas} workers (Keras all-reduce) "
+                            "is not covered yet; use tf.distribute.experimental.ParameterServerStrategy() with ps "
+                            "tasks, or the strategy in an Estimator's RunConfig(train_distribute=...) (docs/tf1.md)")
+        return super().scope()
+
+
+class ParameterServerStrategyV1(ParameterServerStrategy):
+    """TF 1.14's ``tf.distribute.experimental.ParameterServerStrategy``: variables on TF_CONFIG's ps tasks."""
+
+    namespace = "tf.distribute.experimental"
+
+    def __init__(self, cluster_resolver=None):
+        TF1Strategy.__init__(self, num_gpus=None)
+        _no_resolver(cluster_resolver, self.name)
+
+    def scope(self):
+        """Keras under this scope trains on the ps tasks, shared by every worker (TF 1.14 refused Keras here)."""
+        from ..topology.cluster import Cluster
+        cluster = Cluster.from_environment()
+        entry = "ParameterServerStrategy.scope()"
+        self.check(cluster, entry)
+        self.note(cluster, entry)
+        import contextlib
+        return contextlib.nullcontext(self)
+
+
+def _no_resolver(resolver, name: str):
+    if resolver is not None:
+        raise SpecError(f"{name}(cluster_resolver=...) is not covered; TF1 mode reads the cluster from TF_CONFIG "
+                        "(tfcluster local and tfcluster start set it)")
+
+
 class DistributeConfig(collections.namedtuple("DistributeConfig",
                                               ["train_distribute", "eval_distribute", "remote_cluster"])):
     """TF 1.x's ``tf.contrib.distribute.DistributeConfig`` for ``RunConfig(experimental_distribute=...)``."""
@@ -256,6 +311,12 @@ def keras_compile_takes_strategies():
     compile.__wrapped__ = original
     compile._tfcluster = True
     training_v1.Model.compile = compile
+
+
+def experimental_members() -> dict:
+    """The names of TF 1.14's ``tf.distribute.experimental`` TF1 mode gives as tfcluster's (the rest are TF's)."""
+    return {"MultiWorkerMirroredStrategy": MultiWorkerMirroredStrategy,
+            "ParameterServerStrategy": ParameterServerStrategyV1}
 
 
 def members() -> dict:

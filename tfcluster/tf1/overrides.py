@@ -8,6 +8,9 @@
   ``Model.fit`` training on TF_CONFIG's cluster when it has ps tasks
   (:mod:`tfcluster.keras`), and, under ``tfcluster local``, progress bars that
   write a line about once a second (tf-keras writes one every 0.05 s to a pipe).
+- ``tf.distribute``: TF's, except TF 1.14's ``experimental.MultiWorkerMirroredStrategy`` and
+  ``experimental.ParameterServerStrategy``, which train on TF_CONFIG's cluster as TF1 mode's
+  strategies do (:mod:`.distribute`); TF 2.21's take no cluster in graph mode.
 - ``tf.constant``: TF 1.x turned any sequence into a tensor, ``range(100)`` too;
   TF 2.21 refuses a ``range``.
 """
@@ -46,6 +49,14 @@ def constant(v1):
     constant.__doc__ = original.__doc__
     constant.__wrapped__ = original
     return constant
+
+
+def distribute(v1):
+    """``tf.distribute`` with TF 1.14's ``experimental.MultiWorkerMirroredStrategy`` and ``ParameterServerStrategy``
+    as TF1 mode's strategies, which train on TF_CONFIG's cluster (:mod:`.distribute`)."""
+    from .distribute import experimental_members
+    real = v1.distribute
+    return _Proxy(real, experimental=_Proxy(real.experimental, **experimental_members()))
 
 
 def train(v1):
