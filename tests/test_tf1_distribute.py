@@ -5,8 +5,9 @@ Covered: one replica per worker (TF 1.x's ``MirroredStrategy()`` on a machine wi
 ``compile(distribute=...)`` and ``RunConfig(train_distribute=...)``; under ``RunConfig(train_distribute=...)``
 several replicas of a ``model_fn`` in one process and ``CollectiveAllReduceStrategy`` across TF_CONFIG's
 workers, each equal to one process on the global batch; ``ParameterServerStrategy`` on a TF_CONFIG with ps
-tasks. Refused in one line: several replicas under Keras or on a cluster, all-reduce under Keras's compile,
-a remote cluster.
+tasks. Keras's compile on several replicas in one process: towers, equal to one process on the same batch.
+Refused in one line: several replicas on a cluster or under model_to_estimator, all-reduce under Keras, a
+remote cluster.
 """
 
 import json
@@ -68,19 +69,64 @@ def test_the_tutorials_keras_program_with_mirrored_strategy_trains_as_one_proces
     np.testing.assert_allclose(mirrored["predicted"], plain["predicted"], rtol=1e-6)
 
 
+# The tutorial's Keras shape on data that makes every example count: two inputs' worth of random features,
+# a hidden layer, a tf.train optimizer, a dataset of batches of 10; DISTRIBUTE as above.
+KERAS_RANDOM = r'''
+import json
+import numpy as np
+import tensorflow as tf
+
+rng = np.random.RandomState(0)
+x = rng.randn(200, 3).astype(np.float32)
+y = (x @ np.array([[1.], [-2.], [0.5]], np.float32)).astype(np.float32)
+inputs = tf.keras.layers.Input(shape=(3,))
+hidden = tf.keras.layers.Dense(8, activation="tanh", kernel_initializer=tf.keras.initializers.glorot_uniform(1))(inputs)
+predictions = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.glorot_uniform(2))(hidden)
+model = tf.keras.models.Model(inputs=inputs, outputs=predictions)
+model.compile(loss="mean_squared_error", optimizer=tf.train.MomentumOptimizer(0.05, 0.9), metrics=["mae"]DISTRIBUTE)
+model.fit(tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(10), epochs=2, steps_per_epoch=10, verbose=0)
+loss = [float(v) for v in model.evaluate(x, y, batch_size=50, verbose=0)]
+graph = tf.get_default_graph()
+print("RESULT " + json.dumps({"weights": [w.tolist() for w in model.get_weights()], "loss": loss,
+                              "updates": int(tf.keras.backend.get_value(model.optimizer.iterations)),
+                              "devices": sorted({op.device for op in graph.get_operations()
+                                                 if op.name.startswith("tower_") and op.type != "ReadVariableOp"}),
+                              "predicted": model.predict(x[:7]).tolist()}))
+'''
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("strategy", ["MirroredStrategy(num_gpus=2)", "MirroredStrategy(['/cpu:0', '/cpu:1'])"])
+def test_several_replicas_in_one_process_train_keras_as_one_process_on_the_global_batch(tmp_path, strategy):
+    r = run_tf1(tmp_path, KERAS_RANDOM.replace("DISTRIBUTE", f", distribute=tf.contrib.distribute.{strategy}"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    towers = json.loads(re.search(r"^RESULT (.*)$", r.stdout, re.M).group(1))
+    assert "model runs on 2 tower(s) on /device:CPU:0, /device:CPU:1 (virtual CPU devices): each batch split over " \
+           "them, one update per step" in r.stderr, r.stderr[-2000:]
+    # Each tower computes on its own device (its reads of the weights are colocated with them).
+    assert towers["devices"] == ["/device:CPU:0", "/device:CPU:1"]
+    r = run_tf1(tmp_path, KERAS_RANDOM.replace("DISTRIBUTE", ""))
+    assert r.returncode == 0, r.stderr[-3000:]
+    alone = json.loads(re.search(r"^RESULT (.*)$", r.stdout, re.M).group(1))
+    assert towers["updates"] == alone["updates"] == 20          # one update per step, from both towers
+    for a, b in zip(towers["weights"], alone["weights"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(towers["loss"], alone["loss"], rtol=1e-5)      # evaluate: [loss, mae]
+    np.testing.assert_allclose(towers["predicted"], alone["predicted"], rtol=1e-5, atol=1e-6)   # 7 rows: 4 + 3
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("strategy, says", [
-    ("MirroredStrategy(num_gpus=2)", r"compile\(distribute=\.\.\.\) with MirroredStrategy on 2 replicas per worker "
-                                     r"is not covered yet; train the model_fn with tfcluster\.fit\(\.\.\., "
-                                     r"strategy='mirrored', towers=2\)"),
-    ("MirroredStrategy(['/cpu:0', '/cpu:1'])", r"with MirroredStrategy on 2 replicas per worker is not covered yet"),
-])
-def test_several_replicas_per_worker_are_refused_in_one_line(tmp_path, strategy, says):
-    r, result = keras_run(tmp_path, f", distribute=tf.contrib.distribute.{strategy}")
-    assert r.returncode == 2 and result is None
-    assert "Traceback" not in r.stderr
+def test_several_replicas_of_a_model_without_an_input_shape_are_refused_in_one_line(tmp_path):
+    program = KERAS.replace("inputs = tf.keras.layers.Input(shape=(1,))\npredictions = tf.keras.layers.Dense(1)(inputs)"
+                            "\nmodel = tf.keras.models.Model(inputs=inputs, outputs=predictions)",
+                            "model = tf.keras.Sequential([tf.keras.layers.Dense(1)])")
+    assert "Sequential" in program
+    two = ", distribute=tf.contrib.distribute.MirroredStrategy(num_gpus=2)"
+    r = run_tf1(tmp_path, program.replace("DISTRIBUTE", two))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("tfcluster: error:")]
-    assert len(errors) == 1 and re.search(says, errors[0]), r.stderr[-2000:]
+    assert errors == ["tfcluster: error: compile(distribute=...) with several replicas splits the model's inputs, "
+                      "which a model without an input shape does not have yet; give its first layer an input_shape"]
 
 
 # The tutorial's Estimator form: the same model, model_to_estimator, a RunConfig naming the strategy.
@@ -289,8 +335,8 @@ def test_tf_1_14s_parameter_server_strategy_scope_trains_a_keras_model_shared_on
     run = Ran(tmp_path, "keras_tf14.py", ["--ps", "1", "--workers", "2"], ["--strategy", "ps"])
     assert_clean_exit(run)
     assert re.search(r"^\[worker:0\] tfcluster: info: ParameterServerStrategy\.scope\(\): ParameterServerStrategy: 1 "
-                     r"replica\(s\) per worker on /cpu:0 \(no GPU, none asked for\); variables on the ps tasks", run.out,
-                     re.M), run.out[-3000:]
+                     r"replica\(s\) per worker on /cpu:0 \(no GPU, none asked for\); variables on the ps tasks",
+                     run.out, re.M), run.out[-3000:]
     # 64 examples halved between two workers, batches of 8, 2 epochs: 8 updates each, on one shared model.
     assert run.printed("ITER") == {"worker:0": "16", "worker:1": "16"}
 
@@ -301,9 +347,9 @@ def test_tf_1_14s_multi_worker_mirrored_strategy_scope_across_workers_is_refused
     r = run_tf1(tmp_path, (HERE / "programs" / "keras_tf14.py").read_text(), "--strategy", "multi_worker", env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("tfcluster: error:")]
-    assert errors == ["tfcluster: error: MultiWorkerMirroredStrategy.scope() across 2 workers (Keras all-reduce) is not "
-                      "covered yet; use tf.distribute.experimental.ParameterServerStrategy() with ps tasks, or the "
-                      "strategy in an Estimator's RunConfig(train_distribute=...) (docs/tf1.md)"]
+    assert errors == ["tfcluster: error: MultiWorkerMirroredStrategy.scope() across 2 workers (Keras all-reduce) is "
+                      "not covered yet; use tf.distribute.experimental.ParameterServerStrategy() with ps tasks, or "
+                      "the strategy in an Estimator's RunConfig(train_distribute=...) (docs/tf1.md)"]
 
 
 @pytest.mark.timeout(150)

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from ..core.errors import ModelFnError, SpecError
 from ..graph.model import split_element
-from ..strategies.towers import Towers, sum_gradients
+from ..strategies.towers import sum_gradients
 from .calls import call_model_fn
 from .spec import EstimatorSpec, ModeKeys
 
@@ -50,10 +50,9 @@ def replicas_of(config) -> int:
     return strategy.replicas_per_worker
 
 
-def towers_for(config) -> Towers:
+def towers_for(config):
     """The replicas' devices: the strategy's named devices, else N GPUs, else N virtual CPU devices."""
-    strategy = config.train_distribute
-    return Towers(strategy.devices if strategy.devices is not None else strategy.replicas_per_worker)
+    return config.train_distribute.towers()
 
 
 def refuse_for_keras(config):
@@ -142,7 +141,7 @@ def build_collective(model_fn, features, labels, params, config, collective):
     return spec._replace(train_op=tf.group(*updates, spec.train_op, name="allreduce_train_op"))
 
 
-def build_replicas(model_fn, iterator, features, labels, params, config, towers: Towers) -> EstimatorSpec:
+def build_replicas(model_fn, iterator, features, labels, params, config, towers) -> EstimatorSpec:
     """The TRAIN spec of ``model_fn`` over ``towers``: replica 0 reads ``features``/``labels``, the others read on."""
     if iterator is None:
         raise SpecError(f"with {config.train_distribute.describe()}, input_fn must return a tf.data.Dataset "

@@ -15,7 +15,9 @@ makes every step take one gradient from each worker
 - :mod:`.session`: the session tf-keras's backend sees, always the current one;
 - :mod:`.checkpoints`: the chief's checkpoints in tf-keras's format, named and
   kept as every tfcluster checkpoint;
-- :mod:`.step`: a tf-keras train step as the training session runs steps.
+- :mod:`.step`: a tf-keras train step as the training session runs steps;
+- :mod:`.towers`: a compiled model on several devices of one process
+  (``compile(distribute=MirroredStrategy(num_gpus=N))`` in TF1 mode).
 """
 
 from ..training.hooks import FINISH_TIMEOUT_SECS

@@ -10,16 +10,18 @@ one line, when tfcluster cannot train it that way.
 Covered (docs/tf1.md, "Distribution strategies"): every strategy with one
 replica per worker, as TF 1.x ran them on a machine without GPUs (its
 ``MirroredStrategy()`` mirrored over the GPUs, else used the CPU alone);
-several replicas in one process, and ``CollectiveAllReduceStrategy`` across
-TF_CONFIG's workers, under an Estimator's ``RunConfig`` with a ``model_fn``
+several replicas in one process under Keras's compile
+(:mod:`tfcluster.keras.towers`); several replicas in one process, and
+``CollectiveAllReduceStrategy`` across TF_CONFIG's workers, under an
+Estimator's ``RunConfig`` with a ``model_fn``
 (:mod:`tfcluster.estimator.replicas`); TF 1.14's ``tf.distribute.experimental``
 names of the two that read TF_CONFIG; ``ParameterServerStrategy``
 under a TF_CONFIG with ps tasks, which is tfcluster's between-graph training;
 ``eval_distribute`` (the evaluation runs in one process; its metrics do not
 depend on how batches were split). Not yet covered, and refused in one line
-naming what to use instead: several replicas per worker under Keras
-(``compile(distribute=...)``, ``model_to_estimator``) or on a cluster, and
-all-reduce across workers under Keras (``compile``, ``scope()``).
+naming what to use instead: several replicas per worker under
+``model_to_estimator`` or on a cluster, and all-reduce across workers under
+Keras (``compile``, ``scope()``).
 """
 
 import collections
@@ -104,6 +106,11 @@ class TF1Strategy:
     def num_replicas_in_sync(self) -> int:
         """Replicas whose gradients make one update (TF 1.x's member of that name)."""
         return self.replicas_per_worker
+
+    def towers(self):
+        """The replicas' devices as tfcluster's towers: the devices named, else N GPUs, else N virtual CPU devices."""
+        from ..strategies.towers import Towers
+        return Towers(self.devices if self.devices is not None else self.replicas_per_worker)
 
     def where(self) -> str:
         """The replicas' devices in words, e.g. ``'/cpu:0 (no GPU, none asked for)'``."""
@@ -300,13 +307,19 @@ def keras_compile_takes_strategies():
     original = training_v1.Model.compile
 
     def compile(self, *args, distribute=None, **kwargs):
-        if isinstance(distribute, TF1Strategy):
-            from ..topology.cluster import Cluster
-            cluster = Cluster.from_environment()
-            distribute.check(cluster, "compile(distribute=...)")
-            distribute.note(cluster, "compile(distribute=...)")
-            distribute = None     # fit then trains as TF1 mode's fit does: alone, or on TF_CONFIG's ps tasks
-        return original(self, *args, distribute=distribute, **kwargs)
+        if not isinstance(distribute, TF1Strategy):
+            return original(self, *args, distribute=distribute, **kwargs)
+        from ..topology.cluster import Cluster
+        cluster = Cluster.from_environment()
+        # Several replicas: towers in one process (tfcluster/keras/towers.py); on a cluster, refused.
+        distribute.check(cluster, "compile(distribute=...)", replicas_ok=True)
+        distribute.note(cluster, "compile(distribute=...)")
+        # fit then trains as TF1 mode's fit does: alone (on the towers), or on TF_CONFIG's ps tasks
+        result = original(self, *args, distribute=None, **kwargs)
+        if distribute.replicas_per_worker > 1:
+            from ..keras.towers import use_towers
+            use_towers(self, distribute.towers(), args, kwargs)
+        return result
     compile.__doc__ = original.__doc__
     compile.__wrapped__ = original
     compile._tfcluster = True
