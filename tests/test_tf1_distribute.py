@@ -359,3 +359,23 @@ def test_tf_1_14s_multi_worker_mirrored_strategy_in_a_run_config_trains_a_model_
     assert result["global_step"] == 20
     assert re.search(r"^tfcluster: info: RunConfig\(train_distribute=\.\.\.\): MultiWorkerMirroredStrategy: 1 "
                      r"replica\(s\) per worker on /cpu:0", r.stderr, re.M), r.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_parameter_server_strategy_with_two_replicas_per_worker_trains_towers_on_each_worker_shared_on_the_ps(
+        tmp_path):
+    # TF 1.x's multi-GPU parameter-server setup: each worker splits its steps over its replicas (2 virtual CPU
+    # devices here), their gradients summed into one update of the variables on the ps.
+    from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
+    run = Ran(tmp_path, "estimator_custom.py", ["--ps", "1", "--workers", "2", "--evaluator"],
+              ["--model_dir", str(tmp_path / "model"), "--max_steps", "300", "--towers", "2"])
+    assert_clean_exit(run)
+    for worker in ("worker:0", "worker:1"):
+        assert re.search(rf"^\[{worker}\] tfcluster: info: model_fn runs on 2 tower\(s\) on /device:CPU:0, "
+                         r"/device:CPU:1 \(virtual CPU devices\), one update per step from all of them$", run.out,
+                         re.M), run.out[-3000:]
+    steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
+    assert set(steps) == {"worker:0", "worker:1"} and min(steps.values()) > 0      # both trained
+    assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())   # one shared model
+    assert json.loads(run.printed("EVAL")["evaluator:0"])["accuracy"] > 0.8

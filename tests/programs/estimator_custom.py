@@ -1,12 +1,13 @@
 """A TF 1.x Estimator program, as such programs were written: a custom model_fn, numpy input, train_and_evaluate.
 
-    python estimator_custom.py --model_dir DIR [--max_steps N] [--sync]
+    python estimator_custom.py --model_dir DIR [--max_steps N] [--sync] [--towers N]
 
 (under ``tfcluster local --tf1``: ``import tensorflow as tf`` is TF 1.x's API).
 
 Each task plays its role from TF_CONFIG. A trainer prints ``STEPS <task> <local steps>`` when it is done;
 the evaluator prints ``EVAL <metrics as JSON>``; with --sync, the model trains with SyncReplicasOptimizer
-over every trainer, on a deterministic shard per trainer (for the test that compares it with one process).
+over every trainer, on a deterministic shard per trainer (for the test that compares it with one process);
+with --towers N, the RunConfig names ``tf.contrib.distribute.ParameterServerStrategy(num_gpus_per_worker=N)``.
 """
 
 import argparse
@@ -74,9 +75,10 @@ def sync_input_fn(params, config):
     return ds.batch(16)
 
 
-def make_estimator(model_dir, sync=False, lr=0.2):
+def make_estimator(model_dir, sync=False, lr=0.2, towers=None):
     """The program's Estimator (its config from TF_CONFIG)."""
-    config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=100)
+    strategy = tf.contrib.distribute.ParameterServerStrategy(num_gpus_per_worker=towers) if towers else None
+    config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=100, train_distribute=strategy)
     return tf.estimator.Estimator(linear_fn if sync else classifier_fn, model_dir=model_dir, config=config,
                                   params={"lr": lr})
 
@@ -92,8 +94,9 @@ def main():
     p.add_argument("--max_steps", type=int, default=400)
     p.add_argument("--sync", action="store_true")
     p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--towers", type=int, default=None)
     args = p.parse_args()
-    estimator = make_estimator(args.model_dir, args.sync, args.lr)
+    estimator = make_estimator(args.model_dir, args.sync, args.lr, args.towers)
     config = estimator.config
     counter = StepCounter()
     if args.sync:

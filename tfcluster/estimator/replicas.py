@@ -11,7 +11,10 @@ instead of applying them; once every replica is built, each recorded update
 is applied once with the replicas' gradients summed, which is the gradient of
 the mean loss over the global batch (N x the replica's batch). Replicas after
 the first share the first's variables (``variable_scope(reuse=True)``, as the
-TF1 tower programs did), which live on the first replica's device.
+TF1 tower programs did), which live where the placement outside the replicas
+puts them: the first replica's device in one process, the ps tasks on a
+cluster (``ParameterServerStrategy(num_gpus_per_worker=N)``: each worker's
+replicas make one update of the shared variables per step).
 
 Without GPUs the N replicas run on N virtual CPU devices, as tfcluster's own
 towers do (:class:`~tfcluster.strategies.towers.Towers`). A tf-keras
@@ -34,7 +37,7 @@ import tensorflow as tf
 
 from ..core.errors import ModelFnError, SpecError
 from ..graph.model import split_element
-from ..strategies.towers import sum_gradients
+from ..strategies.towers import sum_gradients, tower_device_fn
 from .calls import call_model_fn
 from .spec import EstimatorSpec, ModeKeys
 
@@ -44,10 +47,12 @@ log = logging.getLogger("tfcluster")
 
 def replicas_of(config) -> int:
     """How many replicas of ``model_fn`` one training process builds for ``config`` (its train_distribute)."""
-    strategy = config.train_distribute
-    if strategy is None or config.cluster is not None:
+    strategy, cluster = config.train_distribute, config.cluster
+    if strategy is None:
         return 1
-    return strategy.replicas_per_worker
+    if cluster is None or (getattr(strategy, "kind", None) == "ps" and cluster.num_tasks("ps")):
+        return strategy.replicas_per_worker     # in one process, or on each worker of a ps cluster
+    return 1
 
 
 def towers_for(config):
@@ -153,8 +158,9 @@ def build_replicas(model_fn, iterator, features, labels, params, config, towers)
             recorded.append([])
             if k:
                 features, labels = split_element(iterator.get_next())
+            # Compute on the replica's device; variables where the placement outside puts them (the ps).
             with tf1.variable_scope(tf1.get_variable_scope(), reuse=k > 0), tf1.name_scope(f"replica_{k}"), \
-                    tf1.device(device):
+                    tf1.device(tower_device_fn(device, place_variables=False)):
                 specs.append(call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config))
     updates = _apply_once(recorded)
     first = specs[0]

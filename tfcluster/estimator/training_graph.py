@@ -150,7 +150,12 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
     collective = collective_of(config)
     if cluster is not None:
         # The collective group's leader must be in the server's own config (strategies/collective.py).
-        server = task_server(cluster, config=collective.configure(cluster.session_config()) if collective else None)
+        server_config = None
+        if collective is not None:
+            server_config = collective.configure(cluster.session_config())
+        elif replicas_of(config) > 1:       # each worker's replicas on its (virtual) devices
+            server_config = towers_for(config).configure(cluster.session_config())
+        server = task_server(cluster, config=server_config)
         wait_for_cluster(cluster, timeout=config.session_creation_timeout_secs)
     name = str(cluster.task) if cluster is not None else "estimator"
     model_dir = estimator.model_dir

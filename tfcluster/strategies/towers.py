@@ -214,7 +214,7 @@ def _consumes_resource(op) -> bool:
     return any(t.dtype == tf.resource for t in op.inputs)
 
 
-def _tower_device_fn(device: str, place_variables: bool):
+def tower_device_fn(device: str, place_variables: bool):
     """A device function: a tower's compute goes to ``device``; variables to the outer scope (or here).
 
     Variable ops and ops on a resource (reads, assigns) are left to the
@@ -329,7 +329,7 @@ class _TowerBuilder:
                                                        auxiliary_name_scope=False))
                 stack.enter_context(tf1.name_scope(f"tower_{k}"))
                 stack.enter_context(tf1.variable_creator_scope(self._later_creator(k)))
-            stack.enter_context(tf1.device(_tower_device_fn(self.devices[k], self.mirrored and k == 0)))
+            stack.enter_context(tf1.device(tower_device_fn(self.devices[k], self.mirrored and k == 0)))
             try:
                 out = call_model_fn(self.model_fn, features, labels, Mode.TRAIN)
             except ValueError as e:

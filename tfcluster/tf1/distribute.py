@@ -20,7 +20,8 @@ under a TF_CONFIG with ps tasks, which is tfcluster's between-graph training;
 ``eval_distribute`` (the evaluation runs in one process; its metrics do not
 depend on how batches were split). Not yet covered, and refused in one line
 naming what to use instead: several replicas per worker under
-``model_to_estimator`` or on a cluster, and all-reduce across workers under
+``model_to_estimator``, under Keras on a cluster, or on a cluster with any
+strategy but ``ParameterServerStrategy``, and all-reduce across workers under
 Keras (``compile``, ``scope()``).
 """
 
@@ -230,7 +231,8 @@ class ParameterServerStrategy(TF1Strategy):
         if cluster is not None and not cluster.num_tasks("ps"):
             raise SpecError(f"{entry} with ParameterServerStrategy needs ps tasks, and TF_CONFIG's cluster has none; "
                             "add them (tfcluster local --ps 1), or name no strategy (docs/tf1.md)")
-        super().check(cluster if self.replicas_per_worker > 1 else None, entry, replicas_ok)
+        # Several replicas per worker: towers on each worker (an Estimator's model_fn), else refused.
+        super().check(None if replicas_ok or self.replicas_per_worker == 1 else cluster, entry, replicas_ok)
 
     def note(self, cluster, entry: str) -> None:
         """One line saying how the strategy trains here (once :meth:`check` passed)."""
@@ -312,7 +314,7 @@ def keras_compile_takes_strategies():
         from ..topology.cluster import Cluster
         cluster = Cluster.from_environment()
         # Several replicas: towers in one process (tfcluster/keras/towers.py); on a cluster, refused.
-        distribute.check(cluster, "compile(distribute=...)", replicas_ok=True)
+        distribute.check(cluster, "compile(distribute=...)", replicas_ok=cluster is None)
         distribute.note(cluster, "compile(distribute=...)")
         # fit then trains as TF1 mode's fit does: alone (on the towers), or on TF_CONFIG's ps tasks
         result = original(self, *args, distribute=None, **kwargs)
