@@ -177,7 +177,13 @@ def test_after_the_ps_restart_the_run_resumes_from_the_last_checkpoint_losing_on
                                  after=f["ps_kill_t"])
     restored = int(m.group(1))
     assert restored == f["last_save_before_ps_kill"]
-    resumed = min(g for _, _, g in global_steps(run, after=t_restored))
+    # Each worker's first step after it lost its session: worker:1 may step on the restored model before the
+    # chief's line saying it restored it reaches the log (the chief still runs its local init meanwhile).
+    firsts = []
+    for task in ("worker:0", "worker:1"):
+        t_lost, _ = run.wait_for(rf"\[{task}\] .*{task} lost its session", 1, after=f["ps_kill_t"])
+        firsts.append(next(g for _, who, g in global_steps(run, after=t_lost) if who == task))
+    resumed = min(firsts)
     lost = f["ps_kill_step"] - (resumed - 1)
     waited = t_restored - f["ps_kill_t"]
     reliability(f"async: global steps lost to the ps kill (save interval {SAVE})", lost, "steps")
