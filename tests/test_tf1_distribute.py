@@ -369,7 +369,8 @@ def test_parameter_server_strategy_with_two_replicas_per_worker_trains_towers_on
     # devices here), their gradients summed into one update of the variables on the ps.
     from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
     run = Ran(tmp_path, "estimator_custom.py", ["--ps", "1", "--workers", "2", "--evaluator"],
-              ["--model_dir", str(tmp_path / "model"), "--max_steps", "300", "--towers", "2"])
+              # Long enough for worker:1 to join: it starts seconds after the chief, who steps ~200 times a second.
+              ["--model_dir", str(tmp_path / "model"), "--max_steps", "3000", "--towers", "2"])
     assert_clean_exit(run)
     for worker in ("worker:0", "worker:1"):
         assert re.search(rf"^\[{worker}\] tfcluster: info: model_fn runs on 2 tower\(s\) on /device:CPU:0, "
