@@ -47,7 +47,7 @@ LAYERS = [
     [("estimator", [["estimator.spec", "estimator.run_config", "estimator.inputs"], ["estimator.calls"], ["estimator.replicas"],
                     ["estimator.training_graph", "estimator.inference", "estimator.export"],
                     ["estimator.estimator"], ["estimator.keras", "estimator.training"], ["estimator"]]),
-     ("keras", [["keras.step", "keras.checkpoints", "keras.towers"], ["keras.session", "keras.graph"], ["keras.fit"], ["keras"]])],
+     ("keras", [["keras.step", "keras.checkpoints", "keras.towers", "keras.collective"], ["keras.session", "keras.graph"], ["keras.fit"], ["keras"]])],
     [("launch", [["launch.config", "launch.output", "launch.processes"], ["launch.isolation", "launch.plan"],
                  ["launch.supervisor"], ["launch"]])],
     [("tf1", [["tf1.distribute", "tf1.slim"], ["tf1.contrib", "tf1.mnist", "tf1.mnist_model", "tf1.robust"], ["tf1.overrides"],

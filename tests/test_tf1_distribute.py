@@ -287,6 +287,27 @@ def test_parameter_server_strategy_in_the_run_config_trains_shared_on_the_ps_wit
     assert json.loads(run.printed("EVAL")["evaluator:0"])["acc"] > 0.8
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_model_to_estimator_with_collective_all_reduce_trains_a_copy_on_each_worker_with_an_evaluator(tmp_path):
+    # The issue's public program's shape: model_to_estimator of a model compiled with a tf-keras optimizer (Adam),
+    # RunConfig(experimental_distribute=DistributeConfig(CollectiveAllReduceStrategy(), MirroredStrategy())),
+    # train_and_evaluate; two workers and an evaluator, no ps.
+    from test_legacy_programs import Ran, assert_clean_exit
+    run = Ran(tmp_path, "keras_to_estimator.py", ["--ps", "0", "--workers", "2", "--evaluator"],
+              ["--model_dir", str(tmp_path / "model"), "--max_steps", "200", "--collective"])
+    assert_clean_exit(run)
+    for worker in ("worker:0", "worker:1"):
+        assert re.search(rf"^\[{worker}\] tfcluster: info: RunConfig\(experimental_distribute=.*CollectiveAllReduce"
+                         r"Strategy: 1 replica\(s\) per worker on /cpu:0; each of the 2 workers holds a copy",
+                         run.out, re.M), run.out[-3000:]
+        assert re.search(rf"^\[{worker}\] .*{worker}: all 2 workers hold identical variables", run.out, re.M)
+    # Every step of each worker is one update from both: 200 steps each make global step 200.
+    assert {task: n.split()[-1] for task, n in run.printed("STEPS").items()} == {"worker:0": "200", "worker:1": "200"}
+    result = json.loads(run.printed("EVAL")["evaluator:0"])
+    assert result["global_step"] == 200 and result["acc"] > 0.8, result
+
+
 def test_mirrored_strategy_takes_every_gpu_listed_and_the_cpu_without_one(monkeypatch):
     from tfcluster.tf1 import distribute
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")          # a fake device list: no GPU here
@@ -341,15 +362,80 @@ def test_tf_1_14s_parameter_server_strategy_scope_trains_a_keras_model_shared_on
     assert run.printed("ITER") == {"worker:0": "16", "worker:1": "16"}
 
 
-def test_tf_1_14s_multi_worker_mirrored_strategy_scope_across_workers_is_refused_in_one_line(tmp_path):
+def allreduce_alone(tmp_path, *args) -> dict:
+    """What keras_distribute.py prints in one process (no TF_CONFIG: one replica): ``{ITER, LOSS, WEIGHTS}``."""
+    r = run_tf1(tmp_path, (HERE / "programs" / "keras_distribute.py").read_text(), *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {word: json.loads(re.search(rf"^{word} (.*)$", r.stdout, re.M).group(1))
+            for word in ("ITER", "LOSS", "WEIGHTS")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form, entry", [
+    ("compile", r"compile\(distribute=\.\.\.\): CollectiveAllReduceStrategy"),
+    ("scope", r"MultiWorkerMirroredStrategy\.scope\(\): MultiWorkerMirroredStrategy"),
+])
+def test_keras_all_reduce_across_two_workers_trains_as_one_process_on_the_global_batch(tmp_path, form, entry):
+    # TF 1.11-1.13's compile(distribute=CollectiveAllReduceStrategy()) and TF 1.14's MultiWorkerMirroredStrategy
+    # scope, on two workers and no ps: each holds a copy, each update the mean of both workers' gradients.
+    from test_legacy_programs import Ran, assert_clean_exit
+    run = Ran(tmp_path, "keras_distribute.py", ["--ps", "0", "--workers", "2"], ["--form", form])
+    assert_clean_exit(run)
+    for worker in ("worker:0", "worker:1"):
+        assert re.search(rf"^\[{worker}\] tfcluster: info: {entry}: 1 replica\(s\) per worker on /cpu:0.*; each of "
+                         r"the 2 workers holds a copy", run.out, re.M), run.out[-3000:]
+        # The replicas stayed in step: the copies' checksums agree at the end.
+        assert re.search(rf"^\[{worker}\] .*{worker}: all 2 workers hold identical variables", run.out, re.M)
+    # A global batch of 8 is 4 examples of each worker's 32: 8 updates per epoch, from both workers' gradients.
+    assert run.printed("ITER") == {"worker:0": "16", "worker:1": "16"}
+    alone = allreduce_alone(tmp_path, "--form", form)
+    assert alone["ITER"] == 16
+    for task in ("worker:0", "worker:1"):
+        for got, want in zip(json.loads(run.printed("WEIGHTS")[task]), alone["WEIGHTS"]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert alone["LOSS"][-1] < alone["LOSS"][0]        # it trained
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_keras_all_reduce_averages_batch_norm_state_so_the_copies_stay_identical(tmp_path):
+    # Batch norm's moving averages move from each worker's own batch, with no gradient: averaged after each step.
+    from test_legacy_programs import Ran, assert_clean_exit
+    run = Ran(tmp_path, "keras_distribute.py", ["--ps", "0", "--workers", "2"], ["--form", "scope", "--batchnorm"])
+    assert_clean_exit(run)
+    for worker in ("worker:0", "worker:1"):
+        assert re.search(rf"^\[{worker}\] .*{worker}: all 2 workers hold identical variables", run.out, re.M), \
+            run.out[-3000:]
+    weights = {task: json.loads(w) for task, w in run.printed("WEIGHTS").items()}
+    moving_mean = weights["worker:0"][4]          # Dense kernel, bias; gamma, beta, moving mean, moving variance
+    assert weights["worker:0"] == weights["worker:1"] and any(abs(m) > 1e-3 for m in moving_mean)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_keras_compile_with_parameter_server_strategy_trains_one_model_shared_on_the_ps(tmp_path):
+    from test_legacy_programs import Ran, assert_clean_exit
+    run = Ran(tmp_path, "keras_distribute.py", ["--ps", "1", "--workers", "2"], ["--form", "ps"])
+    assert_clean_exit(run)
+    assert re.search(r"^\[worker:0\] tfcluster: info: compile\(distribute=\.\.\.\): ParameterServerStrategy: 1 "
+                     r"replica\(s\) per worker on /cpu:0; variables on the ps tasks", run.out, re.M), run.out[-3000:]
+    # Each worker's update is its own batch of 8 (async): 32 examples each, 2 epochs, 8 updates each, one model.
+    assert run.printed("ITER") == {"worker:0": "16", "worker:1": "16"}
+    weights = run.printed("WEIGHTS")
+    assert weights["worker:0"] == weights["worker:1"]         # both read the one trained model after fit
+
+
+@pytest.mark.timeout(120)
+def test_keras_all_reduce_needs_a_global_batch_that_splits_over_the_workers(tmp_path):
     env = base_env(TF_CONFIG=json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]},
                                          "task": {"type": "worker", "index": 0}}))
-    r = run_tf1(tmp_path, (HERE / "programs" / "keras_tf14.py").read_text(), "--strategy", "multi_worker", env=env)
+    text = (HERE / "programs" / "keras_distribute.py").read_text().replace("batch_size=8", "batch_size=7")
+    r = run_tf1(tmp_path, text, env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("tfcluster: error:")]
-    assert errors == ["tfcluster: error: MultiWorkerMirroredStrategy.scope() across 2 workers (Keras all-reduce) is "
-                      "not covered yet; use tf.distribute.experimental.ParameterServerStrategy() with ps tasks, or "
-                      "the strategy in an Estimator's RunConfig(train_distribute=...) (docs/tf1.md)"]
+    assert errors == ["tfcluster: error: fit(batch_size=7) is the global batch under all-reduce, split over 2 "
+                      "workers: give a multiple of 2"], r.stderr[-2000:]
 
 
 @pytest.mark.timeout(150)

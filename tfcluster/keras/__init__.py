@@ -17,7 +17,9 @@ makes every step take one gradient from each worker
   kept as every tfcluster checkpoint;
 - :mod:`.step`: a tf-keras train step as the training session runs steps;
 - :mod:`.towers`: a compiled model on several devices of one process
-  (``compile(distribute=MirroredStrategy(num_gpus=N))`` in TF1 mode).
+  (``compile(distribute=MirroredStrategy(num_gpus=N))`` in TF1 mode);
+- :mod:`.collective`: a copy on each worker, gradients all-reduced, with no ps
+  (``CollectiveAllReduceStrategy`` or ``MultiWorkerMirroredStrategy`` in TF1 mode).
 """
 
 from ..training.hooks import FINISH_TIMEOUT_SECS

@@ -40,6 +40,7 @@ from ..training.loop import TrainingLoop
 from ..training.session import TrainingSession
 from ..training.train import FitConfig
 from .checkpoints import KerasSaver
+from .collective import even, strategy_for, worker_batch
 from .graph import DATASET, build, prepare_for
 from .session import CurrentSession
 from .step import SharedTrainFunction
@@ -97,6 +98,10 @@ def fit(model, x=None, y=None, *, cluster=None, checkpoint_dir=None, sync=None, 
         return None
     if role not in ("chief", "worker"):
         raise SpecError(f"tfcluster.keras.fit trains on the chief and the workers, not on {cluster.task}")
+    collective = strategy_for(model, cluster)
+    if collective is not None:
+        with done_when_finished(cluster, last=False):
+            return ClusterFit(model, cluster, checkpoint_dir, False, config, collective).fit(x, y, **kwargs)
     if not cluster.num_tasks("ps"):
         if cluster.num_replicas > 1:
             log.warning("%s trains a private copy of the model: the cluster has no ps tasks to share variables "
@@ -130,8 +135,9 @@ def default_checkpoint_dir(model_name: str) -> str:
 class ClusterFit:
     """One fit of one trainer: the clone's graph, its training session and hooks, tf-keras's loop over them."""
 
-    def __init__(self, model, cluster, checkpoint_dir, sync: bool, config: FitConfig):
+    def __init__(self, model, cluster, checkpoint_dir, sync: bool, config: FitConfig, collective=None):
         self.model, self.cluster, self.sync, self.config = model, cluster, sync, config
+        self.collective = collective        # all-reduce across the workers (.collective), else the ps
         self.name = str(cluster.task)
         self.trainers = cluster.trainers()
         self.index, self.is_chief = self.trainers.index(cluster.task), cluster.is_chief
@@ -143,14 +149,19 @@ class ClusterFit:
         """Shard the data, fit the clone on the cluster, give the model what it trained."""
         n = len(self.trainers)
         given = (x, y, kwargs.get("sample_weight"), kwargs.get("class_weight"))
+        if self.collective is not None:     # equal shards, and the global batch split (.collective)
+            x, y = even(x, n), even(y, n)
+            kwargs["sample_weight"] = even(kwargs.get("sample_weight"), n)
+            kwargs["batch_size"] = worker_batch(kwargs.get("batch_size"), n, x)
         x, y = shard(x, self.index, n), shard(y, self.index, n)
         if kwargs.get("sample_weight") is not None:
             kwargs["sample_weight"] = shard(kwargs["sample_weight"], self.index, n)
         built = build(self.model, self.cluster, self.sync, x, y, kwargs.get("sample_weight"),
-                      kwargs.get("class_weight"))
-        log.info("%s trains %s on the cluster: variables on %d ps task(s), %s updates, this worker's shard is "
-                 "1/%d of the data", self.name, self.model.name, self.cluster.num_tasks("ps"),
-                 "sync" if self.sync else "async", n)
+                      kwargs.get("class_weight"), collective=self.collective)
+        how = f"variables on {self.cluster.num_tasks('ps')} ps task(s), {'sync' if self.sync else 'async'} updates" \
+            if self.collective is None else f"a copy on each of the {n} workers, gradients all-reduced"
+        log.info("%s trains %s on the cluster: %s, this worker's shard is 1/%d of the data", self.name,
+                 self.model.name, how, n)
         with built.graph.as_default():
             session, checkpoints = self._session(built)
             try:
@@ -163,7 +174,8 @@ class ClusterFit:
                 prepare_for(self.model, *given)
         _give(self.model, *state)
         self.model.history = history
-        log.info("%s done: the model's optimizer has %d update(s) on the ps", self.name, state[-1])
+        log.info("%s done: the model's optimizer has %d update(s) %s", self.name, state[-1],
+                 "on the ps" if self.collective is None else "from every worker's gradients")
         return history
 
     def _session(self, built):
@@ -174,9 +186,13 @@ class ClusterFit:
             prepare_checkpoint_dir(self.dir)
             log.info("%s saves checkpoints in %s", self.name, self.dir)
             saver = KerasSaver(built.clone, self.dir, c.keep_checkpoints)
+        config = self.cluster.session_config()
+        if self.collective is not None:     # the group's leader, in the server's config too (strategies/collective)
+            config = self.collective.configure(config)
+        # With all-reduce every worker initialises its own copy (then takes worker 0's); only the chief saves.
         session = TrainingSession(
-            built.train_graph, target=task_server(self.cluster).target, config=self.cluster.session_config(),
-            is_chief=self.is_chief, saver=saver, checkpoint_dir=self.dir if self.is_chief else None,
+            built.train_graph, target=task_server(self.cluster, config=config).target, config=config,
+            is_chief=self.is_chief or self.collective is not None, saver=saver, checkpoint_dir=self.dir if self.is_chief else None,
             cluster=self.cluster, name=self.name, startup_timeout=c.startup_timeout, max_recoveries=c.max_recoveries,
             step_timeout_secs=c.step_timeout_secs)
         hooks = trainers_done(built.train_graph, self.cluster, self.is_chief, self.name, every_trainer_waits=True,

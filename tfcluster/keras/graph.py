@@ -23,8 +23,10 @@ from ..core.errors import SpecError
 from ..data.pipeline import without_autotune_thread
 from ..graph.placement import ByteBalancedSetter
 from ..graph.step import TrainGraph
+from ..strategies.collective import mean_gradients
 from ..strategies.sync_replicas import for_keras
 from ..strategies.sync_run import FinishingRunner
+from .collective import model_state
 from .step import KerasStep
 
 tf1 = tf.compat.v1
@@ -125,8 +127,10 @@ def prepare_for(clone, x, y=None, sample_weight=None, class_weight=None):
     clone._update_sample_weight_modes(sample_weights=weights)
 
 
-def build(model, cluster, sync: bool, x=None, y=None, sample_weight=None, class_weight=None) -> ClusterGraph:
-    """The cluster graph of the compiled ``model`` for this task of ``cluster``, async or ``sync``."""
+def build(model, cluster, sync: bool, x=None, y=None, sample_weight=None, class_weight=None,
+          collective=None) -> ClusterGraph:
+    """The cluster graph of the compiled ``model`` for this task of ``cluster``, async or ``sync``; with
+    ``collective`` (a bound collective strategy), this worker's own copy, all-reduced (:mod:`.collective`)."""
     if not getattr(model, "_is_graph_network", False) and not isinstance(model, _sequential()):
         raise SpecError("a tf.keras model trains on a cluster when it is Sequential or functional; a subclassed "
                         "model cannot be cloned into the cluster's graph (build it with tf.keras.Model(inputs, "
@@ -142,12 +146,17 @@ def build(model, cluster, sync: bool, x=None, y=None, sample_weight=None, class_
     graph = tf1.Graph()
     if isinstance(x, DATASET):
         x = into_graph(x, graph, worker)
-    with graph.as_default(), tf1.device(ByteBalancedSetter.for_cluster(cluster)), \
-            tf1.variable_creator_scope(_keep_metrics_local(worker)):
+    placement = collective.host if collective is not None else ByteBalancedSetter.for_cluster(cluster)
+    with graph.as_default(), tf1.device(placement), tf1.variable_creator_scope(_keep_metrics_local(worker)):
         clone = _cloning().clone_and_build_model(model, compile_clone=True)
         synced = for_keras(clone.optimizer, trainers, trainers.index(cluster.task)) if sync else None
         prepare_for(clone, x, y, sample_weight, class_weight)
-        clone._make_train_function()
+        if collective is None:
+            clone._make_train_function()
+        else:
+            collective.start_graph()
+            with mean_gradients(clone.optimizer, collective):
+                clone._make_train_function()
         # The optimizer's own counter, on the ps: tf-keras checkpoints it with the model (optimizer/iter).
         global_step = clone.optimizer.iterations
         if synced is not None:
@@ -155,10 +164,16 @@ def build(model, cluster, sync: bool, x=None, y=None, sample_weight=None, class_
         # The chief initialises or restores the shared variables; tf-keras must never initialise (reset) them.
         for v in tf1.global_variables():
             v._keras_initialized = True
-        step = KerasStep(clone.train_function, global_step)
+        after = []
+        state = model_state(clone) if collective is not None and collective.num_workers > 1 else []
+        if state:       # each worker moved it from its own batch: the mean, as MultiWorkerMirroredStrategy's
+            with tf1.name_scope("tfcluster_average_state"):
+                after.append(collective.average_state(state, [clone.train_function.updates_op]))
+        step = KerasStep(clone.train_function, global_step, after=after)
+        runner, hooks = collective.finish_graph(None, None, runner=step) if collective is not None else (step, [])
         totals = [v for m in clone.metrics for v in m.variables]
-        train_graph = TrainGraph(step, global_step, clone.total_loss,
-                                 local_init_ops=[tf1.variables_initializer(totals)], model=clone)
+        train_graph = TrainGraph(runner, global_step, clone.total_loss,
+                                 local_init_ops=[tf1.variables_initializer(totals)], hooks=hooks, model=clone)
         if synced is not None:
             sync_graph = synced.graph
             train_graph.runner = FinishingRunner(step, [synced.finish])

@@ -41,8 +41,9 @@ def run_like_callable(session, callable_options, args, options=None, run_metadat
 class KerasStep(StepRunner):
     """Runs a tf-keras train function's step: its updates, then the global step; its outputs kept in ``outputs``."""
 
-    def __init__(self, function, global_step):
-        super().__init__(global_step_after([function.updates_op], global_step), function.outputs[0])
+    def __init__(self, function, global_step, after=()):
+        # ``after``: ops of the step that run once its updates ran (the all-reduce's averaged model state).
+        super().__init__(global_step_after([function.updates_op, *after], global_step), function.outputs[0])
         self.function = function
         self.outputs = None        # the last step's loss and metrics, as tf-keras's loop takes them
         self._feeds = ([], [], [])

@@ -44,6 +44,7 @@ naming the peers that do not answer. Restarting every worker resumes from the
 chief's last checkpoint.
 """
 
+import contextlib
 import itertools
 import logging
 from typing import Optional
@@ -64,6 +65,14 @@ def _sendable(v) -> bool:
     """True for a variable whose dtype collective broadcast and the checksum handle."""
     import tensorflow as tf
     return v.dtype.base_dtype in (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+
+def _by_dtype(tensors) -> dict:
+    """``{dtype: [indices of the tensors of that dtype]}``: one collective per dtype."""
+    groups = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype.base_dtype, []).append(i)
+    return groups
 
 
 class CollectiveAllReduceStrategy(Strategy):
@@ -184,7 +193,7 @@ class CollectiveAllReduceStrategy(Strategy):
             after = [train] + update_ops
             if self.num_workers > 1 and update_ops and model_state:
                 with tf1.name_scope("tfcluster_average_state"):
-                    after = [train, self._average(model_state, update_ops)]
+                    after = [train, self.average_state(model_state, update_ops)]
             runner, hooks = self.finish_graph(global_step_after(after, gs), mean)
         return TrainGraph(runner, gs, mean, hooks=hooks, model=out)
 
@@ -201,12 +210,14 @@ class CollectiveAllReduceStrategy(Strategy):
         with tf.compat.v1.name_scope("tfcluster_allreduce"):
             return self._all_reduce(grads, wire=self.wire)
 
-    def finish_graph(self, fetch, loss):
-        """``(runner, hooks)`` of a built graph: a step that names failed collectives, and :class:`_CopiesHook`."""
+    def finish_graph(self, fetch, loss, runner=None):
+        """``(runner, hooks)`` of a built graph: a step (``runner``, else one of ``fetch``) that names failed
+        collectives, and :class:`_CopiesHook`."""
         import tensorflow as tf
         tf1 = tf.compat.v1
+        runner = runner if runner is not None else StepRunner(fetch, loss)
         if self.num_workers < 2:
-            return StepRunner(fetch, loss), []
+            return runner, []
         state = [v for v in tf1.global_variables() if _sendable(v)]
         skipped = [v.op.name for v in tf1.global_variables() if not _sendable(v)]
         if skipped:
@@ -217,7 +228,7 @@ class CollectiveAllReduceStrategy(Strategy):
         if self.check_copies:
             with tf1.name_scope("tfcluster_check_copies"):
                 check = self._gather_checksums(state)
-        return _CollectiveRunner(self, fetch, loss), [_CopiesHook(self, broadcast, check, [v.op.name for v in state])]
+        return _Guarded(self, runner), [_CopiesHook(self, broadcast, check, [v.op.name for v in state])]
 
     def _collective_args(self, timeout):
         import tensorflow as tf
@@ -225,19 +236,12 @@ class CollectiveAllReduceStrategy(Strategy):
                     instance_key=tf.constant(next(self._keys)), communication_hint="auto",
                     timeout_seconds=float(timeout))
 
-    @staticmethod
-    def _by_dtype(tensors):
-        groups = {}
-        for i, t in enumerate(tensors):
-            groups.setdefault(t.dtype.base_dtype, []).append(i)
-        return groups
-
     def _all_reduce(self, grads, wire="float32"):
         """Sum every worker's gradients: one CollectiveReduceV2 per dtype over the flattened gradients."""
         import tensorflow as tf
         dense = [tf.convert_to_tensor(g) for g, _ in grads]  # IndexedSlices travel dense
         out = [None] * len(dense)
-        for dtype, idx in self._by_dtype(dense).items():
+        for dtype, idx in _by_dtype(dense).items():
             flat = tf.concat([tf.reshape(dense[i], [-1]) for i in idx], 0)
             narrow = wire == "bfloat16" and dtype == tf.float32
             if narrow:
@@ -251,7 +255,7 @@ class CollectiveAllReduceStrategy(Strategy):
                 out[i] = tf.reshape(part, tf.shape(dense[i]))
         return [(g, v) for g, (_, v) in zip(out, grads)]
 
-    def _average(self, variables, after):
+    def average_state(self, variables, after):
         """Set each variable to its mean over the workers, once ``after`` (the update ops) ran.
 
         Each worker updates such state from its own batch; averaging the
@@ -268,7 +272,7 @@ class CollectiveAllReduceStrategy(Strategy):
         """Worker 0 sends every variable, the others receive and assign: one broadcast per dtype."""
         import tensorflow as tf
         assigns = []
-        for dtype, idx in self._by_dtype(variables).items():
+        for dtype, idx in _by_dtype(variables).items():
             args = self._collective_args(self.startup_timeout_secs)
             sizes = [variables[i].shape.num_elements() for i in idx]
             if self.worker_index == 0:
@@ -318,6 +322,44 @@ class CollectiveAllReduceStrategy(Strategy):
             "chief's last checkpoint)")
 
 
+@contextlib.contextmanager
+def mean_gradients(optimizer, collective):
+    """While tf-keras makes a train function: ``optimizer``'s gradients are the mean over every worker's.
+
+    A tf-keras optimizer computes them in ``get_gradients``; a wrapped
+    ``tf.compat.v1.train`` optimizer (tf-keras's ``TFOptimizer``) in its own
+    ``compute_gradients``. Either is replaced for the duration, then put back.
+    """
+    n = float(collective.num_workers)
+
+    def mean(pairs):
+        present = [(g, v) for g, v in pairs if g is not None]
+        summed = iter(collective.reduce_gradients(present))
+        return [(None, v) if g is None else (next(summed)[0] / n, v) for g, v in pairs]
+
+    inner = getattr(optimizer, "optimizer", None)     # TFOptimizer's tf.compat.v1.train optimizer
+    if inner is not None and hasattr(inner, "compute_gradients"):
+        owner, name = inner, "compute_gradients"
+        original = inner.compute_gradients
+
+        def replaced(loss, var_list=None, *args, **kwargs):
+            return mean(original(loss, var_list, *args, **kwargs))
+    elif hasattr(optimizer, "get_gradients"):
+        owner, name = optimizer, "get_gradients"
+        original = optimizer.get_gradients
+
+        def replaced(loss, params):
+            return [g for g, _ in mean(list(zip(original(loss, params), params)))]
+    else:
+        raise SpecError(f"all-reduce across workers needs a tf-keras or tf.compat.v1.train optimizer, not "
+                        f"{type(optimizer).__name__}")
+    setattr(owner, name, replaced)
+    try:
+        yield
+    finally:
+        delattr(owner, name)       # the instance attribute goes: the class's method is back
+
+
 def _is_collective_failure(e) -> bool:
     import tensorflow as tf
     if isinstance(e, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError,
@@ -326,18 +368,27 @@ def _is_collective_failure(e) -> bool:
     return isinstance(e, tf.errors.OpError) and "ollective" in str(e)
 
 
-class _CollectiveRunner(StepRunner):
-    """A plain step whose collective failures become one clear CollectiveError (never retried)."""
+class _Guarded:
+    """A step runner whose collective failures become one clear CollectiveError (never retried)."""
 
-    def __init__(self, strategy, train_fetch, loss):
-        super().__init__(train_fetch, loss)
-        self.strategy = strategy
+    def __init__(self, strategy, runner):
+        self.strategy, self.runner = strategy, runner
+        self.train_fetch, self.loss, self.on_stall = runner.train_fetch, runner.loss, runner.on_stall
         self.steps_done = 0
+
+    @property
+    def step_options(self):
+        """The wrapped runner's RunOptions (the step timeout)."""
+        return self.runner.step_options
+
+    def attach(self, session, step_timeout_secs=None):
+        """Bind the wrapped runner to ``session``."""
+        self.runner.attach(session, step_timeout_secs)
 
     def step(self, request=None):
         """One step; a failed or timed-out all-reduce raises CollectiveError."""
         try:
-            result = super().step(request)
+            result = self.runner.step(request)
         except Exception as e:
             if not _is_collective_failure(e):
                 raise

@@ -14,24 +14,28 @@ several replicas in one process under Keras's compile
 (:mod:`tfcluster.keras.towers`); several replicas in one process, and
 ``CollectiveAllReduceStrategy`` across TF_CONFIG's workers, under an
 Estimator's ``RunConfig`` with a ``model_fn``
-(:mod:`tfcluster.estimator.replicas`); TF 1.14's ``tf.distribute.experimental``
-names of the two that read TF_CONFIG; ``ParameterServerStrategy``
-under a TF_CONFIG with ps tasks, which is tfcluster's between-graph training;
-``eval_distribute`` (the evaluation runs in one process; its metrics do not
-depend on how batches were split). Not yet covered, and refused in one line
-naming what to use instead: several replicas per worker under
-``model_to_estimator``, under Keras on a cluster, or on a cluster with any
-strategy but ``ParameterServerStrategy``, and all-reduce across workers under
-Keras (``compile``, ``scope()``).
+(:mod:`tfcluster.estimator.replicas`); ``CollectiveAllReduceStrategy`` across
+TF_CONFIG's workers under Keras's compile, and TF 1.14's
+``MultiWorkerMirroredStrategy`` scope (:mod:`tfcluster.keras.collective`);
+TF 1.14's ``tf.distribute.experimental`` names of the two that read
+TF_CONFIG; ``ParameterServerStrategy`` under a TF_CONFIG with ps tasks, which
+is tfcluster's between-graph training; ``eval_distribute`` (the evaluation
+runs in one process; its metrics do not depend on how batches were split).
+Not yet covered, and refused in one line naming what to use instead: several
+replicas per worker under ``model_to_estimator``, under Keras on a cluster, or
+on a cluster with any strategy but ``ParameterServerStrategy``.
 """
 
 import collections
+import contextlib
 import logging
 from typing import Optional
 
 from ..core.errors import SpecError, TF1RemovedError
 
 log = logging.getLogger("tfcluster")
+#: The all-reduce scopes open now (``with MultiWorkerMirroredStrategy().scope():``): a compile in one all-reduces.
+_SCOPES = []
 
 
 def _gpu_count() -> int:
@@ -153,7 +157,6 @@ class TF1Strategy:
     def scope(self):
         """A context for building the model: with one replica per worker, nothing to lay out."""
         self.check(None, f"{self.name}.scope()")
-        import contextlib
         return contextlib.nullcontext(self)
 
     def __getattr__(self, name):
@@ -192,9 +195,9 @@ class CollectiveAllReduceStrategy(TF1Strategy):
         super().__init__(num_gpus=num_gpus_per_worker)
 
     def check(self, cluster, entry: str, replicas_ok: bool = False) -> None:
-        """One worker (or none) is one process's training; across workers, the Estimator's all-reduce
-        (``replicas_ok``: the entry runs a model_fn) with one replica per worker."""
-        if cluster is not None and cluster.num_replicas > 1 and replicas_ok:
+        """One worker (or none) is one process's training; across workers, all-reduce with one replica per
+        worker (an Estimator's model_fn, a Keras model's fit)."""
+        if cluster is not None and cluster.num_replicas > 1:
             if self.replicas_per_worker > 1:
                 raise SpecError(f"{entry} with CollectiveAllReduceStrategy across {cluster.num_replicas} workers "
                                 f"and {self.replicas_per_worker} replicas per worker is not covered yet; give each "
@@ -204,10 +207,6 @@ class CollectiveAllReduceStrategy(TF1Strategy):
                                 "cluster has some; start it without them (tfcluster local --ps 0 --workers 2), or "
                                 "use tf.contrib.distribute.ParameterServerStrategy() (docs/tf1.md)")
             return
-        if cluster is not None and cluster.num_replicas > 1:
-            raise SpecError(f"{entry} with CollectiveAllReduceStrategy across {cluster.num_replicas} workers is not "
-                            "covered yet; use tf.contrib.distribute.ParameterServerStrategy() with ps tasks, or "
-                            "tfcluster.fit(..., strategy='collective') (docs/tf1.md)")
         super().check(None, entry, replicas_ok)
 
     def note(self, cluster, entry: str) -> None:
@@ -252,15 +251,19 @@ class MultiWorkerMirroredStrategy(CollectiveAllReduceStrategy):
         TF1Strategy.__init__(self, num_gpus=None)
         _no_resolver(cluster_resolver, self.name)
 
+    @contextlib.contextmanager
     def scope(self):
-        """Keras under this scope trains on one worker only: across several, say it is not covered yet."""
+        """A Keras model compiled in this scope trains by all-reduce across TF_CONFIG's workers."""
         from ..topology.cluster import Cluster
         cluster = Cluster.from_environment()
-        if cluster is not None and cluster.num_replicas > 1:
-            raise SpecError(f"{self.name}.scope() across {cluster.num_replicas} workers (Keras all-reduce) "
-                            "is not covered yet; use tf.distribute.experimental.ParameterServerStrategy() with ps "
-                            "tasks, or the strategy in an Estimator's RunConfig(train_distribute=...) (docs/tf1.md)")
-        return super().scope()
+        entry = f"{self.name}.scope()"
+        self.check(cluster, entry)
+        self.note(cluster, entry)
+        _SCOPES.append(self)
+        try:
+            yield self
+        finally:
+            _SCOPES.remove(self)
 
 
 class ParameterServerStrategyV1(ParameterServerStrategy):
@@ -279,7 +282,6 @@ class ParameterServerStrategyV1(ParameterServerStrategy):
         entry = "ParameterServerStrategy.scope()"
         self.check(cluster, entry)
         self.note(cluster, entry)
-        import contextlib
         return contextlib.nullcontext(self)
 
 
@@ -309,14 +311,22 @@ def keras_compile_takes_strategies():
     original = training_v1.Model.compile
 
     def compile(self, *args, distribute=None, **kwargs):
+        from ..topology.cluster import Cluster
+        if distribute is None and _SCOPES:     # checked and noted by the scope
+            if Cluster.from_environment() is not None:
+                from ..keras.collective import request
+                request(self)
+            return original(self, *args, **kwargs)
         if not isinstance(distribute, TF1Strategy):
             return original(self, *args, distribute=distribute, **kwargs)
-        from ..topology.cluster import Cluster
         cluster = Cluster.from_environment()
         # Several replicas: towers in one process (tfcluster/keras/towers.py); on a cluster, refused.
         distribute.check(cluster, "compile(distribute=...)", replicas_ok=cluster is None)
         distribute.note(cluster, "compile(distribute=...)")
-        # fit then trains as TF1 mode's fit does: alone (on the towers), or on TF_CONFIG's ps tasks
+        if distribute.kind == "collective" and cluster is not None:
+            from ..keras.collective import request
+            request(self)       # fit all-reduces across the workers (tfcluster/keras/collective.py)
+        # fit then trains as TF1 mode's fit does: alone (on the towers), by all-reduce, or on TF_CONFIG's ps tasks
         result = original(self, *args, distribute=None, **kwargs)
         if distribute.replicas_per_worker > 1:
             from ..keras.towers import use_towers
