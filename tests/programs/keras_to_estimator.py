@@ -1,9 +1,10 @@
 """A TF 1.x program that turns a compiled tf.keras model into an Estimator and trains it with train_and_evaluate.
 
-    python keras_to_estimator.py --model_dir DIR [--max_steps N] [--parameter_server_strategy]
+    python keras_to_estimator.py --model_dir DIR [--max_steps N] [--parameter_server_strategy | --collective]
 
 ``--parameter_server_strategy`` names TF 1.x's strategy in the RunConfig, as the TF 1.11-1.13 programs did:
-``RunConfig(train_distribute=tf.contrib.distribute.ParameterServerStrategy())``.
+``RunConfig(train_distribute=tf.contrib.distribute.ParameterServerStrategy())``; ``--collective`` names
+``CollectiveAllReduceStrategy()`` in a ``DistributeConfig``, with ``MirroredStrategy()`` to evaluate.
 
 Trainers print ``STEPS <task> <local steps>``; the evaluator prints ``EVAL <metrics as JSON>``.
 """
@@ -37,8 +38,16 @@ class StepCounter(tf.train.SessionRunHook):
         self.steps += 1
 
 
-def make_estimator(model_dir, strategy=None):
-    config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=100, train_distribute=strategy)
+def make_estimator(model_dir, strategy=None, collective=False):
+    if collective:
+        config = tf.estimator.RunConfig(
+            save_checkpoints_steps=100, log_step_count_steps=100,
+            experimental_distribute=tf.contrib.distribute.DistributeConfig(
+                train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(),
+                eval_distribute=tf.contrib.distribute.MirroredStrategy()))
+    else:
+        config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=100,
+                                        train_distribute=strategy)
     return tf.keras.estimator.model_to_estimator(keras_model=build_model(), model_dir=model_dir, config=config)
 
 
@@ -51,9 +60,10 @@ def main():
     p.add_argument("--model_dir", required=True)
     p.add_argument("--max_steps", type=int, default=300)
     p.add_argument("--parameter_server_strategy", action="store_true")
+    p.add_argument("--collective", action="store_true")
     args = p.parse_args()
     strategy = tf.contrib.distribute.ParameterServerStrategy() if args.parameter_server_strategy else None
-    estimator = make_estimator(args.model_dir, strategy)
+    estimator = make_estimator(args.model_dir, strategy, args.collective)
     config = estimator.config
     counter = StepCounter()
     train_input = tf.estimator.inputs.numpy_input_fn({"features": X}, Y, batch_size=32, num_epochs=None,

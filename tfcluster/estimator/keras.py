@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from ..core.errors import ModelFnError, SpecError
 from .estimator import Estimator
-from .replicas import refuse_for_keras
+from .replicas import keras_update, refuse_for_keras
 from .spec import EstimatorSpec, ModeKeys
 
 tf1 = tf.compat.v1
@@ -110,7 +110,8 @@ def _make_model_fn(model, weights, custom_objects, export_outputs):
         loss = clone.total_loss
         if mode == ModeKeys.EVAL:
             return EstimatorSpec(mode, predictions=predictions, loss=loss, eval_metric_ops=_metric_ops(clone, labels))
-        clone._make_train_function()
+        with keras_update(clone.optimizer):      # all-reduced across the workers under CollectiveAllReduce
+            clone._make_train_function()
         return EstimatorSpec(mode, predictions=predictions, loss=loss, train_op=clone.train_function.updates_op,
                              scaffold=_warm_start(clone, weights), export_outputs=outputs)
     return model_fn

@@ -28,6 +28,8 @@ its recorded gradients, scaled by 1/workers, are summed over every worker by
 tfcluster's collective strategy (:mod:`tfcluster.strategies.collective`: one
 all-reduce per dtype, worker 0's variables broadcast at each session start,
 the copies compared at the end) and applied on each copy (:func:`build_collective`).
+``model_to_estimator``'s model_fn with a tf-keras optimizer averages its
+gradients over the workers itself (:func:`keras_update`).
 """
 
 import contextlib
@@ -37,6 +39,7 @@ import tensorflow as tf
 
 from ..core.errors import ModelFnError, SpecError
 from ..graph.model import split_element
+from ..strategies.collective import mean_gradients
 from ..strategies.towers import sum_gradients, tower_device_fn
 from .calls import call_model_fn
 from .spec import EstimatorSpec, ModeKeys
@@ -129,16 +132,39 @@ def collective_of(config):
     return CollectiveAllReduceStrategy().bind(cluster)
 
 
+#: The collective strategy whose graph a model_fn is being built in (for :func:`keras_update`), and whether a
+#: tf-keras optimizer's gradients were all-reduced in it.
+_BUILDING = {"collective": None, "reduced": False}
+
+
+def keras_update(optimizer):
+    """Around a tf-keras train function made in a model_fn (``model_to_estimator``'s): under all-reduce, a tf-keras
+    optimizer's gradients are the workers' mean. A ``tf.compat.v1.train`` one is :func:`build_collective`'s."""
+    collective = _BUILDING["collective"]
+    inner = getattr(optimizer, "optimizer", None)
+    if collective is None or isinstance(inner, tf1.train.Optimizer):
+        return contextlib.nullcontext()
+    _BUILDING["reduced"] = True
+    return mean_gradients(optimizer, collective)
+
+
 def build_collective(model_fn, features, labels, params, config, collective):
     """The TRAIN spec of ``model_fn`` on this worker's copy: its update applied with every worker's gradients."""
     collective.start_graph()
     recorded = [[]]
-    with _one_update(collective.num_workers, recorded):
-        spec = call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
+    _BUILDING.update(collective=collective, reduced=False)
+    try:
+        with _one_update(collective.num_workers, recorded):
+            spec = call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
+    finally:
+        _BUILDING["collective"] = None
+    if _BUILDING["reduced"]:
+        return spec
     if not recorded[0]:
         raise ModelFnError("with CollectiveAllReduceStrategy, model_fn's update must come from a "
                            "tf.compat.v1.train optimizer (its apply_gradients is where the workers' gradients are "
-                           "summed); a tf-keras optimizer's is not")
+                           "summed); a tf-keras optimizer's in a model_fn of your own is not (model_to_estimator's "
+                           "is)")
     updates = []
     for optimizer, grads_and_vars, global_step, name in recorded[0]:
         summed = collective.reduce_gradients([(g, v) for g, v in grads_and_vars if g is not None])
