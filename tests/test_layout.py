@@ -35,7 +35,7 @@ LAYERS = [
                   ["runtime"]])],
     [("data", [["data.pipeline", "data.loaders"], ["data"]])],
     [("graph", [["graph.model", "graph.placement", "graph.wire", "graph.step"], ["graph"]])],
-    [("strategies", [["strategies.towers"], ["strategies.base"],
+    [("strategies", [["strategies.towers", "strategies.keras_towers"], ["strategies.base"],
                      ["strategies.local", "strategies.mirrored", "strategies.sync"], ["strategies.sync_run"],
                      ["strategies.parameter_server", "strategies.collective", "strategies.sync_replicas"],
                      ["strategies"]])],

@@ -225,12 +225,61 @@ def test_a_model_fn_on_two_replicas_trains_as_one_process_on_the_global_batch(tm
     assert replicas["out/bias"] != pytest.approx(0.0)       # it trained
 
 
+# model_to_estimator of a two-layer model compiled with a tf.train optimizer; input_fn's batch is BATCH (a replica's).
+KERAS_ESTIMATOR = r"""
+import json
+import sys
+import numpy as np
+import tensorflow as tf
+
+rng = np.random.RandomState(0)
+x = rng.randn(400, 3).astype(np.float32)
+y = (x @ np.array([[1.], [-2.], [0.5]], np.float32) + 0.3).astype(np.float32)
+inputs = tf.keras.layers.Input(shape=(3,), name="x")
+hidden = tf.keras.layers.Dense(8, activation="tanh", name="hidden",
+                               kernel_initializer=tf.keras.initializers.glorot_uniform(seed=1))(inputs)
+out = tf.keras.layers.Dense(1, name="out", kernel_initializer=tf.keras.initializers.glorot_uniform(seed=2))(hidden)
+model = tf.keras.Model(inputs, out)
+model.compile(loss="mse", optimizer=tf.train.MomentumOptimizer(0.05, 0.9))
+
+def input_fn():
+    return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).repeat().batch(BATCH)
+
+config = tf.estimator.RunConfig(train_distribute=STRATEGY, save_checkpoints_steps=1000)
+estimator = tf.keras.estimator.model_to_estimator(keras_model=model, model_dir=sys.argv[1], config=config)
+estimator.train(input_fn, steps=20)
+print("RESULT " + json.dumps({name: estimator.get_variable_value(name).tolist()
+                              for name in ("hidden/kernel", "out/kernel", "out/bias", "global_step")}))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_model_to_estimator_on_two_replicas_trains_as_one_process_on_the_global_batch(tmp_path):
+    # The tutorial's Estimator form on a machine with two GPUs (two virtual CPU devices here): a tf-keras model
+    # makes new variables on each call, so it runs once, as towers over both replicas' batches.
+    def run(strategy, batch):
+        text = KERAS_ESTIMATOR.replace("STRATEGY", strategy).replace("BATCH", str(batch))
+        r = run_tf1(tmp_path, text, tmp_path / f"model-{batch}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r, json.loads(re.search(r"^RESULT (.*)$", r.stdout, re.M).group(1))
+
+    r, replicas = run("tf.contrib.distribute.MirroredStrategy(num_gpus=2)", 10)
+    assert "model_fn runs on 2 tower(s) on /device:CPU:0, /device:CPU:1 (virtual CPU devices)" in r.stderr, \
+        r.stderr[-2000:]
+    _, one = run("None", 20)
+    assert replicas["global_step"] == one["global_step"] == 20        # one update per step, from both replicas
+    for name in ("hidden/kernel", "out/kernel", "out/bias"):
+        np.testing.assert_allclose(replicas[name], one[name], rtol=2e-5, atol=1e-6)
+    assert replicas["out/bias"] != pytest.approx(0.0)       # it trained
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("config, tf_config, says", [
     ("experimental_distribute=tf.contrib.distribute.DistributeConfig("
-     "train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(num_gpus_per_worker=2))", None,
-     r"model_to_estimator with CollectiveAllReduceStrategy: 2 replica\(s\) per worker on 2 virtual CPU devices is "
-     r"not covered yet"),
+     "train_distribute=tf.contrib.distribute.ParameterServerStrategy(num_gpus_per_worker=2))",
+     {"worker": ["localhost:1"], "ps": ["localhost:2"]},
+     r"model_to_estimator with ParameterServerStrategy: 2 replica\(s\) per worker on 2 virtual CPU devices on a "
+     r"cluster is not covered yet"),
     ("train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(num_gpus_per_worker=2)",
      {"worker": ["localhost:1", "localhost:2"]},
      r"RunConfig\(train_distribute=\.\.\.\) with CollectiveAllReduceStrategy across 2 workers and 2 replicas per "

@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from ..core.errors import ModelFnError, SpecError
 from .estimator import Estimator
-from .replicas import keras_update, refuse_for_keras
+from ..strategies.keras_towers import tower_model
+from .replicas import SPLITS_ITSELF, keras_update, refuse_for_keras, replicas_of, towers_for
 from .spec import EstimatorSpec, ModeKeys
 
 tf1 = tf.compat.v1
@@ -88,11 +89,19 @@ def _warm_start(clone, weights):
     return tf1.train.Scaffold(init_fn=lambda scaffold, session: session.run(op, feeds))
 
 
+def _towers(clone, features, targets, towers):
+    """``clone`` as a model of ``towers`` on ``features``, compiled as the clone was (its optimizer, its loss)."""
+    split = tower_model(clone, towers.local_devices, tensors=_inputs(clone, features))
+    split.compile(optimizer=clone.optimizer, loss=clone.loss, loss_weights=clone.loss_weights,
+                  sample_weight_mode=clone.sample_weight_mode, target_tensors=targets)
+    return split
+
+
 def _make_model_fn(model, weights, custom_objects, export_outputs):
     _, cloning = _keras()
     backend = __import__("tf_keras").backend
 
-    def model_fn(features, labels, mode):
+    def model_fn(features, labels, mode, config):
         with warnings.catch_warnings():     # TF 1.x's way to say train or not, deprecated by tf-keras
             warnings.simplefilter("ignore")
             backend.set_learning_phase(1 if mode == ModeKeys.TRAIN else 0)
@@ -110,10 +119,14 @@ def _make_model_fn(model, weights, custom_objects, export_outputs):
         loss = clone.total_loss
         if mode == ModeKeys.EVAL:
             return EstimatorSpec(mode, predictions=predictions, loss=loss, eval_metric_ops=_metric_ops(clone, labels))
-        with keras_update(clone.optimizer):      # all-reduced across the workers under CollectiveAllReduce
-            clone._make_train_function()
-        return EstimatorSpec(mode, predictions=predictions, loss=loss, train_op=clone.train_function.updates_op,
-                             scaffold=_warm_start(clone, weights), export_outputs=outputs)
+        # Several replicas (build_replicas gives every replica's batch at once): towers of the clone train.
+        trained = _towers(clone, features, targets, towers_for(config)) if replicas_of(config) > 1 else clone
+        with keras_update(trained.optimizer):      # all-reduced across the workers under CollectiveAllReduce
+            trained._make_train_function()
+        return EstimatorSpec(mode, predictions=predictions, loss=trained.total_loss,
+                             train_op=trained.train_function.updates_op, scaffold=_warm_start(clone, weights),
+                             export_outputs=outputs)
+    setattr(model_fn, SPLITS_ITSELF, True)
     return model_fn
 
 

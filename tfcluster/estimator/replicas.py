@@ -18,9 +18,10 @@ replicas make one update of the shared variables per step).
 
 Without GPUs the N replicas run on N virtual CPU devices, as tfcluster's own
 towers do (:class:`~tfcluster.strategies.towers.Towers`). A tf-keras
-optimizer (``model_to_estimator``) is not a ``tf.compat.v1.train.Optimizer``
-and creates new variables on each call, so that entry point refuses several
-replicas in one line (:func:`refuse_for_keras`).
+model (``model_to_estimator``'s) creates new variables on each call, so its
+model_fn is called once, on every replica's batch at once, and splits it over
+towers itself (:data:`SPLITS_ITSELF`); on a cluster it is refused in one line
+(:func:`refuse_for_keras`).
 
 Across TF_CONFIG's workers (``CollectiveAllReduceStrategy``), each worker
 builds ``model_fn`` once on its own copy of the variables, the same way:
@@ -63,13 +64,18 @@ def towers_for(config):
     return config.train_distribute.towers()
 
 
+#: Set on a model_fn that splits its batch over the replicas itself (``model_to_estimator``'s: a tf-keras model
+#: makes new variables on each call, so it is called once, on every replica's batch, and builds towers).
+SPLITS_ITSELF = "_tfcluster_splits_over_replicas"
+
+
 def refuse_for_keras(config):
-    """``model_to_estimator`` trains one replica per process: say so in one line when more are asked for."""
+    """``model_to_estimator`` takes several replicas in one process: say in one line that a cluster's are not."""
     strategy = config.train_distribute if config is not None else None
-    if strategy is not None and replicas_of(config) > 1:
-        raise SpecError(f"model_to_estimator with {strategy.describe()} is not covered yet (a tf-keras model makes "
-                        "new variables on each call); write a model_fn, which RunConfig(train_distribute=...) "
-                        "runs on every replica, or give the strategy one device (docs/tf1.md)")
+    if strategy is not None and replicas_of(config) > 1 and config.cluster is not None:
+        raise SpecError(f"model_to_estimator with {strategy.describe()} on a cluster is not covered yet; write a "
+                        "model_fn, which RunConfig(train_distribute=...) runs on every replica of each worker, or "
+                        "give the strategy one device (docs/tf1.md)")
 
 
 @contextlib.contextmanager
@@ -179,6 +185,13 @@ def build_replicas(model_fn, iterator, features, labels, params, config, towers)
                         "(each replica reads its own batch of it), not tensors")
     recorded, specs = [], []
     devices = towers.local_devices
+    if getattr(model_fn, SPLITS_ITSELF, False):
+        # Each replica's batch, as the replicas below would read them, in one batch the model_fn splits again.
+        batches = [(features, labels)] + [split_element(iterator.get_next()) for _ in devices[1:]]
+        features, labels = (None if parts[0] is None else tf.nest.map_structure(lambda *t: tf.concat(t, 0), *parts)
+                            for parts in zip(*batches))
+        log.info("model_fn runs on %s, one update per step from all of them", towers.describe())
+        return call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
     with _one_update(len(devices), recorded):
         for k, device in enumerate(devices):
             recorded.append([])

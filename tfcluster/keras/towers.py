@@ -24,42 +24,13 @@ cannot be split before ``fit`` and is refused in one line.
 
 import logging
 
-from ..core.errors import SpecError
+from ..strategies.keras_towers import tower_model
 
 log = logging.getLogger("tfcluster")
 
 #: The methods of the program's model that run on the model of towers.
 DELEGATED = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch", "fit_generator",
              "evaluate_generator", "predict_generator")
-
-
-def _split(x, n: int):
-    """``x`` cut along the batch into ``n`` parts whose sizes differ by one at most (the first ones larger)."""
-    import tensorflow as tf
-    size = tf.shape(x)[0]
-    sizes = tf.stack([(size + n - 1 - k) // n for k in range(n)])
-    return tf.split(x, sizes, num=n)
-
-
-def tower_model(model, devices: list):
-    """A model of ``len(devices)`` towers over ``model``'s layers (see the module doc), not compiled."""
-    import tensorflow as tf
-    import tf_keras
-    if not model.inputs:
-        raise SpecError("compile(distribute=...) with several replicas splits the model's inputs, which a model "
-                        "without an input shape does not have yet; give its first layer an input_shape")
-    inputs = [tf_keras.layers.Input(batch_shape=t.shape, dtype=t.dtype, name=name)
-              for t, name in zip(model.inputs, model.input_names)]
-    parts = [_split(x, len(devices)) for x in inputs]
-    towers = []
-    for k, device in enumerate(devices):
-        with tf.compat.v1.device(device), tf.compat.v1.name_scope(f"tower_{k}"):
-            out = model([p[k] for p in parts] if len(parts) > 1 else parts[0][k])
-        towers.append(out if isinstance(out, (list, tuple)) else [out])
-    # Named as the program's outputs, so its losses, metrics and their names apply unchanged.
-    outputs = [tf_keras.layers.Lambda(lambda t: t, name=name)(tf.concat([t[i] for t in towers], 0))
-               for i, name in enumerate(model.output_names)]
-    return tf_keras.Model(inputs, outputs if len(outputs) > 1 else outputs[0], name=f"{model.name}_towers")
 
 
 def use_towers(model, towers, compile_args: tuple, compile_kwargs: dict):

@@ -7,6 +7,7 @@ one :func:`register` line below.
 
 - :mod:`.base`: the Strategy interface, and the one-replica build most strategies share;
 - :mod:`.towers`: several replicas (towers) inside one worker, for every strategy;
+- :mod:`.keras_towers`: a tf-keras model as towers, each batch split over the devices;
 - :mod:`.local`: one process, no cluster: the reference the others are tested against;
 - :mod:`.mirrored`: in-graph towers, mirrored or with variables on the CPU (central storage);
 - :mod:`.parameter_server`: between-graph replication over ps tasks, async or sync;

@@ -11,9 +11,9 @@ Covered (docs/tf1.md, "Distribution strategies"): every strategy with one
 replica per worker, as TF 1.x ran them on a machine without GPUs (its
 ``MirroredStrategy()`` mirrored over the GPUs, else used the CPU alone);
 several replicas in one process under Keras's compile
-(:mod:`tfcluster.keras.towers`); several replicas in one process, and
-``CollectiveAllReduceStrategy`` across TF_CONFIG's workers, under an
-Estimator's ``RunConfig`` with a ``model_fn``
+(:mod:`tfcluster.keras.towers`) and ``model_to_estimator``; several replicas
+in one process, and ``CollectiveAllReduceStrategy`` across TF_CONFIG's
+workers, under an Estimator's ``RunConfig``
 (:mod:`tfcluster.estimator.replicas`); ``CollectiveAllReduceStrategy`` across
 TF_CONFIG's workers under Keras's compile, and TF 1.14's
 ``MultiWorkerMirroredStrategy`` scope (:mod:`tfcluster.keras.collective`);
@@ -22,8 +22,8 @@ TF_CONFIG; ``ParameterServerStrategy`` under a TF_CONFIG with ps tasks, which
 is tfcluster's between-graph training; ``eval_distribute`` (the evaluation
 runs in one process; its metrics do not depend on how batches were split).
 Not yet covered, and refused in one line naming what to use instead: several
-replicas per worker under ``model_to_estimator``, under Keras on a cluster, or
-on a cluster with any strategy but ``ParameterServerStrategy``.
+replicas per worker on a cluster, but for an Estimator's own ``model_fn``
+under ``ParameterServerStrategy``.
 """
 
 import collections
