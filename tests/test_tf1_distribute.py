@@ -282,8 +282,8 @@ def test_model_to_estimator_on_two_replicas_trains_as_one_process_on_the_global_
      r"cluster is not covered yet"),
     ("train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(num_gpus_per_worker=2)",
      {"worker": ["localhost:1", "localhost:2"]},
-     r"RunConfig\(train_distribute=\.\.\.\) with CollectiveAllReduceStrategy across 2 workers and 2 replicas per "
-     r"worker is not covered yet"),
+     r"model_to_estimator with CollectiveAllReduceStrategy: 2 replica\(s\) per worker on 2 virtual CPU devices on "
+     r"a cluster is not covered yet"),
     ("train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy()",
      {"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]},
      r"with CollectiveAllReduceStrategy uses no ps tasks, and TF_CONFIG's cluster has some"),
@@ -392,6 +392,31 @@ def test_collective_all_reduce_across_two_workers_trains_as_one_process_on_the_g
     assert one.returncode == 0, one.stderr[-3000:]
     alone = json.loads(re.search(r"^WEIGHTS (.*)$", one.stdout, re.M).group(1))
     assert cluster["global_step"] == alone["global_step"] == 20          # one update per step from both workers
+    for name in ("hidden/kernel", "out/kernel", "out/bias"):
+        np.testing.assert_allclose(cluster[name], alone[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_collective_all_reduce_with_two_replicas_per_worker_trains_as_one_process_on_the_global_batch(tmp_path):
+    # TF 1.x's multi-GPU all-reduce setup, CollectiveAllReduceStrategy(num_gpus_per_worker=2): each worker's two
+    # replicas (virtual CPU devices here) read a batch of 10 each, their summed gradients all-reduced over both
+    # workers: one update on a global batch of 40.
+    from test_legacy_programs import Ran, assert_clean_exit
+    run = Ran(tmp_path, "estimator_allreduce.py", ["--ps", "0", "--workers", "2", "--evaluator"],
+              ["--model_dir", str(tmp_path / "model"), "--batch", "10", "--towers", "2"])
+    assert_clean_exit(run)
+    for worker in ("worker:0", "worker:1"):
+        assert re.search(rf"^\[{worker}\] tfcluster: info: model_fn runs on 2 tower\(s\) on /device:CPU:0, "
+                         r"/device:CPU:1 \(virtual CPU devices\)", run.out, re.M), run.out[-3000:]
+        assert re.search(rf"^\[{worker}\] .*{worker}: all 2 workers hold identical variables", run.out, re.M)
+    assert json.loads(run.printed("EVAL")["evaluator:0"])["global_step"] == 20
+    cluster = json.loads(run.printed("WEIGHTS")["worker:0"])
+    one = run_tf1(tmp_path, (HERE / "programs" / "estimator_allreduce.py").read_text(), "--model_dir",
+                  tmp_path / "one", "--batch", "40", "--strategy", "none")
+    assert one.returncode == 0, one.stderr[-3000:]
+    alone = json.loads(re.search(r"^WEIGHTS (.*)$", one.stdout, re.M).group(1))
+    assert cluster["global_step"] == alone["global_step"] == 20
     for name in ("hidden/kernel", "out/kernel", "out/bias"):
         np.testing.assert_allclose(cluster[name], alone[name], rtol=1e-5, atol=1e-6)
 

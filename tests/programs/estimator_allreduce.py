@@ -1,12 +1,14 @@
 """A TF 1.13-1.14 Estimator program that names its strategy in the RunConfig: nothing tfcluster-specific.
 
     python estimator_allreduce.py --model_dir DIR [--batch 10] [--max_steps 20] [--strategy collective|none]
+        [--towers N]
 
 A model_fn of its own (tf.layers, a mean squared error, Momentum with UPDATE_OPS) over fixed data; its
 input_fn takes TF 1.14's ``input_context`` and reads its worker's shard of the data (every
 ``num_input_pipelines``-th row). ``--strategy collective``: ``RunConfig(experimental_distribute=
 DistributeConfig(train_distribute=CollectiveAllReduceStrategy(), eval_distribute=MirroredStrategy()))``,
-as the public TF 1.x programs of that era wrote it. ``train_and_evaluate`` gives each TF_CONFIG task its
+as the public TF 1.x programs of that era wrote it; ``--towers N`` gives it ``num_gpus_per_worker=N``, and the
+evaluation ``MirroredStrategy(num_gpus_per_worker=N)``. ``train_and_evaluate`` gives each TF_CONFIG task its
 role; the trainers print their final weights as JSON on a line starting with WEIGHTS, the evaluator its
 metrics on a line starting with EVAL.
 """
@@ -22,6 +24,7 @@ p.add_argument("--model_dir", required=True)
 p.add_argument("--batch", type=int, default=10)
 p.add_argument("--max_steps", type=int, default=20)
 p.add_argument("--strategy", choices=("collective", "none"), default="collective")
+p.add_argument("--towers", type=int, default=0)
 args = p.parse_args()
 
 rng = np.random.RandomState(0)
@@ -52,8 +55,8 @@ def model_fn(features, labels, mode):
 distribute = None
 if args.strategy == "collective":
     distribute = tf.contrib.distribute.DistributeConfig(
-        train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(),
-        eval_distribute=tf.contrib.distribute.MirroredStrategy())
+        train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(num_gpus_per_worker=args.towers),
+        eval_distribute=tf.contrib.distribute.MirroredStrategy(num_gpus_per_worker=args.towers or None))
 config = tf.estimator.RunConfig(experimental_distribute=distribute, save_checkpoints_steps=10)
 estimator = tf.estimator.Estimator(model_fn, model_dir=args.model_dir, config=config)
 result = tf.estimator.train_and_evaluate(

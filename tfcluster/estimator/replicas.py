@@ -54,8 +54,9 @@ def replicas_of(config) -> int:
     strategy, cluster = config.train_distribute, config.cluster
     if strategy is None:
         return 1
-    if cluster is None or (getattr(strategy, "kind", None) == "ps" and cluster.num_tasks("ps")):
-        return strategy.replicas_per_worker     # in one process, or on each worker of a ps cluster
+    kind = getattr(strategy, "kind", None)
+    if cluster is None or kind == "collective" or (kind == "ps" and cluster.num_tasks("ps")):
+        return strategy.replicas_per_worker     # in one process, or on each worker of a ps or all-reduce cluster
     return 1
 
 
@@ -98,8 +99,9 @@ def _one_update(replicas: int, recorded: list):
         optimizer.compute_gradients, optimizer.apply_gradients = compute, apply
 
 
-def _apply_once(recorded: list):
-    """Each update the replicas asked for, applied once with their gradients summed per variable."""
+def _apply_once(recorded: list, collective=None):
+    """Each update the replicas asked for, applied once with their gradients summed per variable (and over every
+    worker's, with ``collective``)."""
     counts = {len(r) for r in recorded}
     if len(counts) != 1 or not recorded[0]:
         raise ModelFnError("model_fn must make the same optimizer updates on every replica "
@@ -111,6 +113,8 @@ def _apply_once(recorded: list):
         for i, (_, var) in enumerate(first):
             grads = [call[1][i][0] for call in calls]
             summed.append((None if any(g is None for g in grads) else sum_gradients(grads), var))
+        if collective is not None:
+            summed = collective.reduce_gradients([(g, v) for g, v in summed if g is not None])
         updates.append(tf1.train.Optimizer.apply_gradients(optimizer, summed, global_step=global_step, name=name))
     return updates
 
@@ -178,8 +182,9 @@ def build_collective(model_fn, features, labels, params, config, collective):
     return spec._replace(train_op=tf.group(*updates, spec.train_op, name="allreduce_train_op"))
 
 
-def build_replicas(model_fn, iterator, features, labels, params, config, towers) -> EstimatorSpec:
-    """The TRAIN spec of ``model_fn`` over ``towers``: replica 0 reads ``features``/``labels``, the others read on."""
+def build_replicas(model_fn, iterator, features, labels, params, config, towers, collective=None) -> EstimatorSpec:
+    """The TRAIN spec of ``model_fn`` over ``towers``: replica 0 reads ``features``/``labels``, the others read on;
+    with ``collective``, their summed gradients are all-reduced over the workers before the one update."""
     if iterator is None:
         raise SpecError(f"with {config.train_distribute.describe()}, input_fn must return a tf.data.Dataset "
                         "(each replica reads its own batch of it), not tensors")
@@ -192,7 +197,9 @@ def build_replicas(model_fn, iterator, features, labels, params, config, towers)
                             for parts in zip(*batches))
         log.info("model_fn runs on %s, one update per step from all of them", towers.describe())
         return call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
-    with _one_update(len(devices), recorded):
+    if collective is not None:
+        collective.start_graph()
+    with _one_update(len(devices) * (collective.num_workers if collective is not None else 1), recorded):
         for k, device in enumerate(devices):
             recorded.append([])
             if k:
@@ -201,7 +208,7 @@ def build_replicas(model_fn, iterator, features, labels, params, config, towers)
             with tf1.variable_scope(tf1.get_variable_scope(), reuse=k > 0), tf1.name_scope(f"replica_{k}"), \
                     tf1.device(tower_device_fn(device, place_variables=False)):
                 specs.append(call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config))
-    updates = _apply_once(recorded)
+    updates = _apply_once(recorded, collective)
     first = specs[0]
     loss = tf.add_n([s.loss for s in specs]) / len(specs)        # TF 1.x reported the replicas' mean loss
     train_op = tf.group(*updates, *[s.train_op for s in specs], name="replicas_train_op")

@@ -153,8 +153,8 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
         server_config = None
         if collective is not None:
             server_config = collective.configure(cluster.session_config())
-        elif replicas_of(config) > 1:       # each worker's replicas on its (virtual) devices
-            server_config = towers_for(config).configure(cluster.session_config())
+        if replicas_of(config) > 1:       # each worker's replicas on its (virtual) devices
+            server_config = towers_for(config).configure(server_config or cluster.session_config())
         server = task_server(cluster, config=server_config)
         wait_for_cluster(cluster, timeout=config.session_creation_timeout_secs)
     name = str(cluster.task) if cluster is not None else "estimator"
@@ -195,10 +195,11 @@ def _build(estimator, input_fn, cluster, collective=None):
                                                            worker_cpu, input_context(config))
     params, hooks = estimator.params, []
     with tf1.device(setter):
-        if collective is not None:
+        if replicas_of(config) > 1:
+            spec = build_replicas(estimator.model_fn, iterator, features, labels, params, config, towers_for(config),
+                                  collective)
+        elif collective is not None:
             spec = build_collective(estimator.model_fn, features, labels, params, config, collective)
-        elif replicas_of(config) > 1:
-            spec = build_replicas(estimator.model_fn, iterator, features, labels, params, config, towers_for(config))
         else:
             spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, params, config)
         fetch = global_step_after([spec.train_op], global_step)

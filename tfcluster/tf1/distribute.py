@@ -23,7 +23,7 @@ is tfcluster's between-graph training; ``eval_distribute`` (the evaluation
 runs in one process; its metrics do not depend on how batches were split).
 Not yet covered, and refused in one line naming what to use instead: several
 replicas per worker on a cluster, but for an Estimator's own ``model_fn``
-under ``ParameterServerStrategy``.
+under ``ParameterServerStrategy`` or ``CollectiveAllReduceStrategy``.
 """
 
 import collections
@@ -198,7 +198,7 @@ class CollectiveAllReduceStrategy(TF1Strategy):
         """One worker (or none) is one process's training; across workers, all-reduce with one replica per
         worker (an Estimator's model_fn, a Keras model's fit)."""
         if cluster is not None and cluster.num_replicas > 1:
-            if self.replicas_per_worker > 1:
+            if self.replicas_per_worker > 1 and not replicas_ok:
                 raise SpecError(f"{entry} with CollectiveAllReduceStrategy across {cluster.num_replicas} workers "
                                 f"and {self.replicas_per_worker} replicas per worker is not covered yet; give each "
                                 "worker one device (num_gpus_per_worker=0 or 1) (docs/tf1.md)")
