@@ -501,6 +501,23 @@ def test_keras_compile_with_parameter_server_strategy_trains_one_model_shared_on
 
 
 @pytest.mark.timeout(120)
+def test_keras_all_reduce_cuts_a_graph_mode_dataset_to_a_multiple_of_the_workers(tmp_path):
+    # Every worker must take the same number of steps: 5 batches over 2 workers become 4 (a TF1 mode dataset's
+    # length is a graph tensor, read in its own graph).
+    text = r"""
+import tensorflow as tf
+from tfcluster.keras.collective import even
+batches = tf.data.Dataset.range(5).batch(1)
+cut = even(batches, 2)
+with tf.Session() as session:
+    print("LENGTHS", session.run(cut.cardinality()), session.run(even(batches.repeat(), 2).cardinality()))
+"""
+    r = run_tf1(tmp_path, text)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"^LENGTHS 4 -1$", r.stdout, re.M), r.stdout[-2000:]
+
+
+@pytest.mark.timeout(120)
 def test_keras_all_reduce_needs_a_global_batch_that_splits_over_the_workers(tmp_path):
     env = base_env(TF_CONFIG=json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]},
                                          "task": {"type": "worker", "index": 0}}))

@@ -68,7 +68,7 @@ def even(data, n: int):
     if data is None:
         return None
     if _is_dataset(data):
-        length = int(data.cardinality())
+        length = _length(data)
         return data.take(length - length % n) if length >= 0 and length % n else data
     if isinstance(data, dict):
         return {k: even(v, n) for k, v in data.items()}
@@ -77,6 +77,19 @@ def even(data, n: int):
     if hasattr(data, "__len__") and hasattr(data, "__getitem__"):
         return data[:len(data) - len(data) % n]
     return data
+
+
+def _length(dataset) -> int:
+    """How many elements ``dataset`` has (negative: infinite or unknown), read in the graph it was made in."""
+    import tensorflow as tf
+    cardinality = dataset.cardinality()
+    if not tf.is_symbolic_tensor(cardinality):
+        return int(cardinality)
+    try:
+        with tf.compat.v1.Session(graph=cardinality.graph) as session:
+            return int(session.run(cardinality))
+    except tf.errors.OpError:       # a pipeline fed at run time: its length is unknown here
+        return -2
 
 
 def _is_dataset(x) -> bool:
