@@ -1,13 +1,11 @@
 """TF1 mode's ``tf.contrib.distribute``: the TF 1.11 tutorial's strategy programs run unchanged, or say in one
 line what is not covered yet.
 
-Covered: one replica per worker (TF 1.x's ``MirroredStrategy()`` on a machine without GPUs), under
-``compile(distribute=...)`` and ``RunConfig(train_distribute=...)``; under ``RunConfig(train_distribute=...)``
-several replicas of a ``model_fn`` in one process and ``CollectiveAllReduceStrategy`` across TF_CONFIG's
-workers, each equal to one process on the global batch; ``ParameterServerStrategy`` on a TF_CONFIG with ps
-tasks. Keras's compile on several replicas in one process: towers, equal to one process on the same batch.
-Refused in one line: several replicas on a cluster or under model_to_estimator, all-reduce under Keras, a
-remote cluster.
+Covered: every strategy under ``compile(distribute=...)``, ``strategy.scope()``, ``RunConfig(train_distribute=...)``
+and ``model_to_estimator``: towers in one process and ``CollectiveAllReduceStrategy`` across TF_CONFIG's workers,
+each equal to one process on the global batch; ``ParameterServerStrategy`` on a TF_CONFIG with ps tasks, shared.
+Refused in one line: several replicas on a cluster under Keras's compile or (on ps tasks) model_to_estimator,
+ps tasks beside Keras's all-reduce, a remote cluster, the strategies' members beyond the basics.
 """
 
 import json
@@ -280,13 +278,6 @@ def test_model_to_estimator_on_two_replicas_trains_as_one_process_on_the_global_
      {"worker": ["localhost:1"], "ps": ["localhost:2"]},
      r"model_to_estimator with ParameterServerStrategy: 2 replica\(s\) per worker on 2 virtual CPU devices on a "
      r"cluster is not covered yet"),
-    ("train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(num_gpus_per_worker=2)",
-     {"worker": ["localhost:1", "localhost:2"]},
-     r"model_to_estimator with CollectiveAllReduceStrategy: 2 replica\(s\) per worker on 2 virtual CPU devices on "
-     r"a cluster is not covered yet"),
-    ("train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy()",
-     {"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]},
-     r"with CollectiveAllReduceStrategy uses no ps tasks, and TF_CONFIG's cluster has some"),
     ("train_distribute=tf.contrib.distribute.MirroredStrategy()", {"worker": ["localhost:1"], "ps": ["localhost:2"]},
      r"with MirroredStrategy trains in one process, but TF_CONFIG has a cluster"),
     ("train_distribute=tf.contrib.distribute.ParameterServerStrategy()", {"worker": ["localhost:1", "localhost:2"]},
@@ -319,6 +310,21 @@ def test_strategies_count_their_replicas_as_tf_1x_did():
     assert config.eval_distribute is None and config.remote_cluster is None
 
 
+def test_all_reduce_leaves_an_estimators_ps_tasks_idle_but_refuses_them_under_keras():
+    # An Estimator's ps task has a role (serve_as_ps, exit when the workers are done); Keras's has none here.
+    from tfcluster.core.errors import SpecError
+    from tfcluster.tf1 import distribute
+    from tfcluster.topology.cluster import Cluster
+    cluster = Cluster.from_tf_config({"TF_CONFIG": json.dumps({
+        "cluster": {"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]},
+        "task": {"type": "worker", "index": 0}})})
+    strategy = distribute.CollectiveAllReduceStrategy(num_gpus_per_worker=2)
+    strategy.check(cluster, "RunConfig(train_distribute=...)", replicas_ok=True)
+    with pytest.raises(SpecError, match=r"compile\(distribute=\.\.\.\) with CollectiveAllReduceStrategy uses no ps "
+                                        r"tasks, and TF_CONFIG's cluster has some"):
+        distribute.CollectiveAllReduceStrategy().check(cluster, "compile(distribute=...)")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_parameter_server_strategy_in_the_run_config_trains_shared_on_the_ps_with_an_evaluator(tmp_path):
@@ -338,19 +344,28 @@ def test_parameter_server_strategy_in_the_run_config_trains_shared_on_the_ps_wit
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_model_to_estimator_with_collective_all_reduce_trains_a_copy_on_each_worker_with_an_evaluator(tmp_path):
-    # The issue's public program's shape: model_to_estimator of a model compiled with a tf-keras optimizer (Adam),
-    # RunConfig(experimental_distribute=DistributeConfig(CollectiveAllReduceStrategy(), MirroredStrategy())),
-    # train_and_evaluate; two workers and an evaluator, no ps.
+@pytest.mark.parametrize("ps, gpus, where", [("0", [], "1 replica\\(s\\) per worker on /cpu:0"),
+                                             ("1", ["--gpus", "2"], "2 replica\\(s\\) per worker on 2 virtual CPU")],
+                         ids=["one-replica-no-ps", "the-issues-program"])
+def test_model_to_estimator_with_collective_all_reduce_trains_a_copy_on_each_worker_with_an_evaluator(
+        tmp_path, ps, gpus, where):
+    # The issue's public program: model_to_estimator of a model compiled with a tf-keras optimizer (Adam),
+    # RunConfig(experimental_distribute=DistributeConfig(CollectiveAllReduceStrategy(num_gpus_per_worker=2),
+    # MirroredStrategy(num_gpus_per_worker=2))), train_and_evaluate, under --ps 1 --workers 2 --evaluator: the
+    # ps holds nothing and exits at the end, as TF 1.x's coordinator ran it (without ever exiting). Also one
+    # replica per worker, no ps.
     from test_legacy_programs import Ran, assert_clean_exit
-    run = Ran(tmp_path, "keras_to_estimator.py", ["--ps", "0", "--workers", "2", "--evaluator"],
-              ["--model_dir", str(tmp_path / "model"), "--max_steps", "200", "--collective"])
+    run = Ran(tmp_path, "keras_to_estimator.py", ["--ps", ps, "--workers", "2", "--evaluator"],
+              ["--model_dir", str(tmp_path / "model"), "--max_steps", "200", "--collective"] + gpus)
     assert_clean_exit(run)
     for worker in ("worker:0", "worker:1"):
         assert re.search(rf"^\[{worker}\] tfcluster: info: RunConfig\(experimental_distribute=.*CollectiveAllReduce"
-                         r"Strategy: 1 replica\(s\) per worker on /cpu:0; each of the 2 workers holds a copy",
-                         run.out, re.M), run.out[-3000:]
+                         rf"Strategy: {where}.*; each of the 2 workers holds a copy", run.out, re.M), run.out[-3000:]
         assert re.search(rf"^\[{worker}\] .*{worker}: all 2 workers hold identical variables", run.out, re.M)
+    if gpus:
+        assert re.search(r"^\[worker:0\] .*the 1 ps task\(s\) hold nothing and exit when the workers are done",
+                         run.out, re.M)
+        assert re.search(r"^\[worker:1\] tfcluster: info: model_fn runs on 2 tower\(s\)", run.out, re.M)
     # Every step of each worker is one update from both: 200 steps each make global step 200.
     assert {task: n.split()[-1] for task, n in run.printed("STEPS").items()} == {"worker:0": "200", "worker:1": "200"}
     result = json.loads(run.printed("EVAL")["evaluator:0"])

@@ -1,10 +1,12 @@
 """A TF 1.x program that turns a compiled tf.keras model into an Estimator and trains it with train_and_evaluate.
 
     python keras_to_estimator.py --model_dir DIR [--max_steps N] [--parameter_server_strategy | --collective]
+                                 [--gpus N]
 
 ``--parameter_server_strategy`` names TF 1.x's strategy in the RunConfig, as the TF 1.11-1.13 programs did:
 ``RunConfig(train_distribute=tf.contrib.distribute.ParameterServerStrategy())``; ``--collective`` names
-``CollectiveAllReduceStrategy()`` in a ``DistributeConfig``, with ``MirroredStrategy()`` to evaluate.
+``CollectiveAllReduceStrategy()`` in a ``DistributeConfig``, with ``MirroredStrategy()`` to evaluate; ``--gpus N``
+gives both ``num_gpus_per_worker=N``, as the issue's public program did.
 
 Trainers print ``STEPS <task> <local steps>``; the evaluator prints ``EVAL <metrics as JSON>``.
 """
@@ -38,13 +40,14 @@ class StepCounter(tf.train.SessionRunHook):
         self.steps += 1
 
 
-def make_estimator(model_dir, strategy=None, collective=False):
+def make_estimator(model_dir, strategy=None, collective=False, gpus=None):
     if collective:
+        per_worker = {} if gpus is None else {"num_gpus_per_worker": gpus}
         config = tf.estimator.RunConfig(
             save_checkpoints_steps=100, log_step_count_steps=100,
             experimental_distribute=tf.contrib.distribute.DistributeConfig(
-                train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(),
-                eval_distribute=tf.contrib.distribute.MirroredStrategy()))
+                train_distribute=tf.contrib.distribute.CollectiveAllReduceStrategy(**per_worker),
+                eval_distribute=tf.contrib.distribute.MirroredStrategy(**per_worker)))
     else:
         config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=100,
                                         train_distribute=strategy)
@@ -61,9 +64,10 @@ def main():
     p.add_argument("--max_steps", type=int, default=300)
     p.add_argument("--parameter_server_strategy", action="store_true")
     p.add_argument("--collective", action="store_true")
+    p.add_argument("--gpus", type=int)
     args = p.parse_args()
     strategy = tf.contrib.distribute.ParameterServerStrategy() if args.parameter_server_strategy else None
-    estimator = make_estimator(args.model_dir, strategy, args.collective)
+    estimator = make_estimator(args.model_dir, strategy, args.collective, args.gpus)
     config = estimator.config
     counter = StepCounter()
     train_input = tf.estimator.inputs.numpy_input_fn({"features": X}, Y, batch_size=32, num_epochs=None,

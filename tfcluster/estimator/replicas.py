@@ -20,8 +20,9 @@ Without GPUs the N replicas run on N virtual CPU devices, as tfcluster's own
 towers do (:class:`~tfcluster.strategies.towers.Towers`). A tf-keras
 model (``model_to_estimator``'s) creates new variables on each call, so its
 model_fn is called once, on every replica's batch at once, and splits it over
-towers itself (:data:`SPLITS_ITSELF`); on a cluster it is refused in one line
-(:func:`refuse_for_keras`).
+towers itself (:data:`SPLITS_ITSELF`); across TF_CONFIG's workers its towers'
+gradient is then all-reduced as below, and on ps tasks it is refused in one
+line (:func:`refuse_for_keras`).
 
 Across TF_CONFIG's workers (``CollectiveAllReduceStrategy``), each worker
 builds ``model_fn`` once on its own copy of the variables, the same way:
@@ -71,9 +72,11 @@ SPLITS_ITSELF = "_tfcluster_splits_over_replicas"
 
 
 def refuse_for_keras(config):
-    """``model_to_estimator`` takes several replicas in one process: say in one line that a cluster's are not."""
+    """``model_to_estimator`` takes several replicas in one process or per all-reduce worker: say in one line that
+    a ps cluster's are not."""
     strategy = config.train_distribute if config is not None else None
-    if strategy is not None and replicas_of(config) > 1 and config.cluster is not None:
+    if strategy is not None and replicas_of(config) > 1 and config.cluster is not None \
+            and getattr(strategy, "kind", None) != "collective":
         raise SpecError(f"model_to_estimator with {strategy.describe()} on a cluster is not covered yet; write a "
                         "model_fn, which RunConfig(train_distribute=...) runs on every replica of each worker, or "
                         "give the strategy one device (docs/tf1.md)")
@@ -139,7 +142,7 @@ def collective_of(config):
             or cluster.num_replicas < 2:
         return None
     from ..strategies.collective import CollectiveAllReduceStrategy
-    return CollectiveAllReduceStrategy().bind(cluster)
+    return CollectiveAllReduceStrategy().bind(cluster, idle_ps=True)     # the ps tasks serve_as_ps and exit
 
 
 #: The collective strategy whose graph a model_fn is being built in (for :func:`keras_update`), and whether a
@@ -196,6 +199,8 @@ def build_replicas(model_fn, iterator, features, labels, params, config, towers,
         features, labels = (None if parts[0] is None else tf.nest.map_structure(lambda *t: tf.concat(t, 0), *parts)
                             for parts in zip(*batches))
         log.info("model_fn runs on %s, one update per step from all of them", towers.describe())
+        if collective is not None:          # the towers' mean gradient, then the workers' mean of those
+            return build_collective(model_fn, features, labels, params, config, collective)
         return call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
     if collective is not None:
         collective.start_graph()

@@ -105,10 +105,11 @@ class CollectiveAllReduceStrategy(Strategy):
         self.check_copies = check_copies
 
     # ------------------------------------------------------------- binding
-    def bind(self, cluster) -> "CollectiveAllReduceStrategy":
-        """Check that ``cluster`` has no ps and that this task trains (None: one worker, towers only)."""
+    def bind(self, cluster, idle_ps: bool = False) -> "CollectiveAllReduceStrategy":
+        """Check that ``cluster`` has no ps (or, with ``idle_ps``, ps tasks that hold nothing) and that this task
+        trains (None: one worker, towers only)."""
         if cluster is not None:
-            if cluster.num_tasks("ps"):
+            if cluster.num_tasks("ps") and not idle_ps:
                 raise SpecError("the collective strategy uses no ps tasks; start the cluster without them "
                                 "(tfcluster local --ps 0 --workers 2)")
             if cluster.task is None or cluster.role() not in ("chief", "worker"):

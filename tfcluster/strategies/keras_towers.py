@@ -36,13 +36,16 @@ def tower_model(model, devices: list, tensors=None):
                   for t, name in zip(model.inputs, model.input_names)]
     else:
         inputs = [tf_keras.layers.Input(tensor=t, name=name) for t, name in zip(tensors, model.input_names)]
-    parts = [_split(x, len(devices)) for x in inputs]
+    # The split is a layer: raw tf ops on Keras inputs make tf-keras evaluate their constants in its own
+    # session, which initialises every variable there, and on a cluster fails on a remote device.
+    n = len(devices)
+    parts = [tf_keras.layers.Lambda(lambda t: _split(t, n), name=f"split_{i}")(x) for i, x in enumerate(inputs)]
     towers = []
     for k, device in enumerate(devices):
         with tf.compat.v1.device(device), tf.compat.v1.name_scope(f"tower_{k}"):
             out = model([p[k] for p in parts] if len(parts) > 1 else parts[0][k])
         towers.append(out if isinstance(out, (list, tuple)) else [out])
     # Named as the program's outputs, so its losses, metrics and their names apply unchanged.
-    outputs = [tf_keras.layers.Lambda(lambda t: t, name=name)(tf.concat([t[i] for t in towers], 0))
+    outputs = [tf_keras.layers.Lambda(lambda parts: tf.concat(parts, 0), name=name)([t[i] for t in towers])
                for i, name in enumerate(model.output_names)]
     return tf_keras.Model(inputs, outputs if len(outputs) > 1 else outputs[0], name=f"{model.name}_towers")

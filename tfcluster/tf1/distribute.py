@@ -22,8 +22,9 @@ TF_CONFIG; ``ParameterServerStrategy`` under a TF_CONFIG with ps tasks, which
 is tfcluster's between-graph training; ``eval_distribute`` (the evaluation
 runs in one process; its metrics do not depend on how batches were split).
 Not yet covered, and refused in one line naming what to use instead: several
-replicas per worker on a cluster, but for an Estimator's own ``model_fn``
-under ``ParameterServerStrategy`` or ``CollectiveAllReduceStrategy``.
+replicas per worker on a cluster under Keras's compile, and under
+``model_to_estimator`` on ps tasks; ps tasks beside Keras's all-reduce (an
+Estimator's idle and exit when the workers are done).
 """
 
 import collections
@@ -202,7 +203,9 @@ class CollectiveAllReduceStrategy(TF1Strategy):
                 raise SpecError(f"{entry} with CollectiveAllReduceStrategy across {cluster.num_replicas} workers "
                                 f"and {self.replicas_per_worker} replicas per worker is not covered yet; give each "
                                 "worker one device (num_gpus_per_worker=0 or 1) (docs/tf1.md)")
-            if cluster.num_tasks("ps"):
+            # An Estimator's ps tasks idle and exit when the workers are done, as TF 1.x's distribute coordinator
+            # ran them (it left them in server.join()); Keras's ps tasks have no such role here.
+            if cluster.num_tasks("ps") and not replicas_ok:
                 raise SpecError(f"{entry} with CollectiveAllReduceStrategy uses no ps tasks, and TF_CONFIG's "
                                 "cluster has some; start it without them (tfcluster local --ps 0 --workers 2), or "
                                 "use tf.contrib.distribute.ParameterServerStrategy() (docs/tf1.md)")
@@ -213,8 +216,10 @@ class CollectiveAllReduceStrategy(TF1Strategy):
         """One line saying how the strategy trains here (once :meth:`check` passed)."""
         if cluster is None or cluster.num_replicas < 2:
             return super().note(cluster, entry)
+        idle = (f"; the {cluster.num_tasks('ps')} ps task(s) hold nothing and exit when the workers are done"
+                if cluster.num_tasks("ps") else "")
         log.info("%s: %s; each of the %d workers holds a copy, their gradients all-reduced into one update per "
-                 "step (tfcluster's collective strategy)", entry, self.describe(), cluster.num_replicas)
+                 "step (tfcluster's collective strategy)%s", entry, self.describe(), cluster.num_replicas, idle)
 
 
 class ParameterServerStrategy(TF1Strategy):
