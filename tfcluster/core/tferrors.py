@@ -48,6 +48,24 @@ def describe(error, limit: int = 300) -> str:
     return f"{type(error).__name__}: {summary(error)}"[:limit]
 
 
+def cause(error, limit: int = 400) -> str:
+    """The op that failed and every line of its cause, joined (an assertion's values are lines of their own)."""
+    op = getattr(getattr(error, "op", None), "name", None)
+    text = " ".join(_lines(error)) or type(error).__name__
+    return (f"{op}: {text}" if op else text)[:limit]
+
+
+#: What TF 1.x's canned heads' checks on the data mean, in the words of their arguments.
+_HINTS = [("Labels must <= n_classes - 1", "a label is outside n_classes"),
+          ("Labels must >= 0", "a label is negative, or not in label_vocabulary (its lookup gives -1)"),
+          ("/head/weights/Cast", "weight_column must name a numeric feature")]
+
+
+def hint(text: str) -> str:
+    """`` (what it means)`` for a canned head's check in ``text``, else ``""``."""
+    return "".join(f" ({meaning})" for marker, meaning in _HINTS if marker in text)
+
+
 def recoverable(error) -> bool:
     """True for the errors a lost task causes: Aborted, Unavailable, and variables gone with a ps."""
     import tensorflow as tf

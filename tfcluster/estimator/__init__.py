@@ -6,33 +6,38 @@ gives as ``tf.estimator`` (and new code imports as ``tfcluster.estimator``):
 ``export_saved_model``; ``EstimatorSpec``, ``ModeKeys``, ``RunConfig`` (read
 from TF_CONFIG); ``train_and_evaluate`` with ``TrainSpec`` and ``EvalSpec``;
 ``inputs.numpy_input_fn``; ``export`` (serving receivers, export outputs,
-exporters); the session-run hooks of TF 1.x's ``tf.estimator`` namespace; and
-``model_to_estimator`` for compiled tf-keras models. Training runs on
-tfcluster's session and loop (:mod:`.training_graph`); ``RunConfig`` takes
-TF1 mode's ``tf.contrib.distribute`` strategies where tfcluster trains them as
-asked. What is not covered (canned estimators, heads, TPU) stops with one line
-naming what to use instead; docs/estimator.md lists both.
+exporters); the session-run hooks of TF 1.x's ``tf.estimator`` namespace;
+``model_to_estimator`` for compiled tf-keras models; and TF 1.x's canned
+estimators, heads, ``add_metrics``, parsing specs, ``BestExporter`` and
+``inputs.pandas_input_fn`` (:mod:`.canned`: tensorflow-estimator's own code on
+this package's Estimator), with ``WarmStartSettings`` and ``VocabInfo``.
+Training runs on tfcluster's session and loop (:mod:`.training_graph`);
+``RunConfig`` takes TF1 mode's ``tf.contrib.distribute`` strategies where
+tfcluster trains them as asked. What is not covered (boosted trees, TPU)
+stops with one line naming what to use instead; docs/estimator.md lists both.
 
 - :mod:`.spec`: ``EstimatorSpec`` and ``ModeKeys``; :mod:`.run_config`: ``RunConfig`` and this task's role;
 - :mod:`.inputs`: ``numpy_input_fn``; :mod:`.calls`: calling ``input_fn`` and ``model_fn`` as TF 1.x did;
 - :mod:`.replicas`: a ``model_fn`` on several replicas in one process, one update per step (MirroredStrategy);
 - :mod:`.training_graph`: training a ``model_fn`` on tfcluster's session, placement and loop;
 - :mod:`.inference`: ``evaluate`` and ``predict``; :mod:`.export`: SavedModels, receivers, exporters;
+- :mod:`.warm_start`: ``warm_start_from``, ``WarmStartSettings``, ``VocabInfo``;
 - :mod:`.estimator`: the ``Estimator`` class; :mod:`.training`: ``train_and_evaluate`` and its specs;
-- :mod:`.keras`: ``model_to_estimator``.
+- :mod:`.keras`: ``model_to_estimator``; :mod:`.canned`: the canned estimators and heads.
 """
 
 import tensorflow as tf
 
 from ..core.errors import TF1RemovedError
 from ..strategies.sync_replicas import SyncReplicasOptimizer
-from . import export, inputs
+from . import canned, export, inputs
 from .estimator import Estimator
 from .export import Exporter, FinalExporter, LatestExporter
 from .keras import model_to_estimator
 from .run_config import RunConfig
 from .spec import EstimatorSpec, ModeKeys
 from .training import EvalSpec, TrainSpec, train_and_evaluate
+from .warm_start import VocabInfo, WarmStartSettings
 
 _train = tf.compat.v1.train
 # TF 1.x's tf.estimator exported these session-run hooks under its own name too.
@@ -56,37 +61,36 @@ SummarySaverHook = _train.SummarySaverHook
 
 __all__ = ["Estimator", "EstimatorSpec", "ModeKeys", "RunConfig", "TrainSpec", "EvalSpec", "train_and_evaluate",
            "export", "inputs", "Exporter", "LatestExporter", "FinalExporter", "model_to_estimator",
-           "SyncReplicasOptimizer", "CheckpointSaverHook", "CheckpointSaverListener", "FeedFnHook", "FinalOpsHook",
+           "SyncReplicasOptimizer", "WarmStartSettings", "VocabInfo", "CheckpointSaverHook", "CheckpointSaverListener", "FeedFnHook", "FinalOpsHook",
            "GlobalStepWaiterHook", "LoggingTensorHook", "NanLossDuringTrainingError", "NanTensorHook",
            "ProfilerHook", "SecondOrStepTimer", "SessionRunArgs", "SessionRunContext", "SessionRunHook",
            "SessionRunValues", "StepCounterHook", "StopAtStepHook", "SummarySaverHook"]
 
-_CANNED = "a model_fn of your own (tf.layers inside it), or model_to_estimator on a compiled tf.keras model"
+_TREES = ("a DNN or linear canned estimator, or a model_fn of your own (tensorflow-estimator 2.15, where the "
+          "canned estimators come from, no longer has boosted trees)")
 #: What TF 1.x's tf.estimator had that is not covered, and what to use instead (docs/estimator.md).
 NOT_COVERED = {
-    "DNNClassifier": _CANNED, "DNNRegressor": _CANNED, "DNNEstimator": _CANNED,
-    "LinearClassifier": _CANNED, "LinearRegressor": _CANNED, "LinearEstimator": _CANNED,
-    "DNNLinearCombinedClassifier": _CANNED, "DNNLinearCombinedRegressor": _CANNED,
-    "DNNLinearCombinedEstimator": _CANNED, "BaselineClassifier": _CANNED, "BaselineRegressor": _CANNED,
-    "BaselineEstimator": _CANNED, "BoostedTreesClassifier": _CANNED, "BoostedTreesRegressor": _CANNED,
-    "BoostedTreesEstimator": _CANNED,
-    "Head": "the loss and metrics written in your model_fn", "BinaryClassHead": "the loss in your model_fn",
-    "MultiClassHead": "the loss in your model_fn", "MultiLabelHead": "the loss in your model_fn",
-    "RegressionHead": "the loss in your model_fn", "PoissonRegressionHead": "the loss in your model_fn",
-    "LogisticRegressionHead": "the loss in your model_fn", "MultiHead": "the losses in your model_fn",
-    "BestExporter": "LatestExporter (with exports_to_keep) or FinalExporter",
-    "WarmStartSettings": "a tf.train.Scaffold(init_fn=...) in your model_fn that restores what you need",
-    "VocabInfo": "a tf.train.Scaffold(init_fn=...) in your model_fn",
-    "add_metrics": "eval_metric_ops in your model_fn's EstimatorSpec",
-    "classifier_parse_example_spec": "tf.io.FixedLenFeature specs written out",
-    "regressor_parse_example_spec": "tf.io.FixedLenFeature specs written out",
+    "BoostedTreesClassifier": _TREES, "BoostedTreesRegressor": _TREES, "BoostedTreesEstimator": _TREES,
     "experimental": "tf.estimator's stable API (the experimental names are not covered)",
     "tpu": "nothing: TPUs are out of scope for tfcluster",
     "TPUEstimator": "nothing: TPUs are out of scope for tfcluster",
 }
 
 
+def _pandas_input_fn(x, y=None, batch_size=128, num_epochs=1, shuffle=None, queue_capacity=1000, num_threads=1,
+                     target_column="target"):
+    """TF 1.x's ``tf.estimator.inputs.pandas_input_fn`` (tensorflow-estimator's; pandas is the ``pandas`` extra)."""
+    return canned.get("pandas_input_fn")(x, y, batch_size, num_epochs, shuffle, queue_capacity, num_threads,
+                                         target_column)
+
+
+# Set here, not in .inputs: it loads tensorflow-estimator (.canned), a room above .inputs.
+inputs.pandas_input_fn = _pandas_input_fn
+
+
 def __getattr__(name):
+    if name in canned.NAMES and name != "pandas_input_fn":
+        return canned.get(name)
     if name in NOT_COVERED:
         raise TF1RemovedError(f"tf.estimator.{name}", f"{NOT_COVERED[name]} (docs/estimator.md)", since="2.16")
     raise AttributeError(f"module 'tf.estimator' (tfcluster) has no attribute {name!r}")

@@ -17,6 +17,7 @@ from ..core.checks import whole_number
 from ..core.errors import SpecError
 from . import export as export_lib
 from . import inference
+from . import warm_start as warm_start_lib
 from .calls import check_model_fn
 from .run_config import RunConfig
 from .training_graph import steps_left, train_on
@@ -38,10 +39,8 @@ class Estimator:
         if model_dir is None:
             model_dir = tempfile.mkdtemp()
             log.warning("no model_dir given: using the temporary dir %s", model_dir)
-        if warm_start_from is not None:
-            raise SpecError("warm_start_from is not covered; restore with a tf.train.Scaffold(init_fn=...) in "
-                            "model_fn instead (docs/estimator.md)")
         check_model_fn(model_fn, params)
+        self._warm_start_settings = warm_start_lib.settings(warm_start_from)
         self._model_fn = model_fn
         self._config = config.replace(model_dir=model_dir)
         self._params = dict(params) if params is not None else {}
@@ -50,6 +49,8 @@ class Estimator:
     config = property(lambda self: self._config, doc="The RunConfig (with model_dir set).")
     params = property(lambda self: dict(self._params), doc="A copy of the params given to model_fn.")
     model_dir = property(lambda self: self._config.model_dir, doc="Where checkpoints and summaries go.")
+    # TF 1.x's add_metrics passes _warm_start_settings on to the Estimator it makes.
+    warm_start = property(lambda self: self._warm_start_settings, doc="The WarmStartSettings, or None.")
 
     def latest_checkpoint(self):
         """The newest checkpoint in model_dir, or None."""

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import ModelFnError, TfclusterError
+from ..core.tferrors import cause, hint
 from ..graph.placement import ByteBalancedSetter
 from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..runtime.checkpoints import checkpoint_step
@@ -34,6 +35,7 @@ from ..training.timer import Every
 from .calls import call_input_fn, call_model_fn
 from .replicas import build_collective, build_replicas, collective_of, input_context, replicas_of, towers_for
 from .spec import ModeKeys
+from .warm_start import apply as apply_warm_start
 
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")
@@ -174,6 +176,11 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
         try:
             session.create()
             return run_loop(session, last_step=max_steps, steps=steps, name=name)
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
+            # TF's checks on the data (a label outside n_classes or the vocabulary, a string weight column) fail
+            # inside a step: the op and its message say what to fix; the loop's traceback does not.
+            text = cause(e)
+            raise ModelFnError(f"a training step failed on its input: {text}{hint(text)}") from None
         finally:
             session.close()
 
@@ -202,6 +209,8 @@ def _build(estimator, input_fn, cluster, collective=None):
             spec = build_collective(estimator.model_fn, features, labels, params, config, collective)
         else:
             spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, params, config)
+        if estimator.warm_start is not None:       # a checkpoint in model_dir still wins (restore)
+            apply_warm_start(estimator.warm_start)
         fetch = global_step_after([spec.train_op], global_step)
         if collective is not None:
             runner, hooks = collective.finish_graph(fetch, spec.loss)

@@ -13,6 +13,7 @@ Nothing here imports TensorFlow at import time; :func:`build` is given
 import types
 
 from ..core.errors import TF1RemovedError
+from ..estimator import canned
 from . import distribute, slim
 
 #: Where to look for the TF 2 replacement of a name this module does not map.
@@ -226,6 +227,8 @@ def build(v1, read_data_sets_module) -> ContribModule:
         "data": ContribModule("tf.contrib.data", _data(v1)),
         "metrics": ContribModule("tf.contrib.metrics", _metrics(v1)),
         "distribute": ContribModule("tf.contrib.distribute", distribute.members()),
+        # TF 1.x's v1 heads, for DNNEstimator and kin (tensorflow-estimator's, estimator/canned.py).
+        "estimator": ContribModule("tf.contrib.estimator", dict(canned.CONTRIB_HEADS)),
     }
     root = ContribModule("tf.contrib", subs)
     _LAZY["tf.contrib"] = {"keras": lambda: v1.keras, "slim": slim.module}

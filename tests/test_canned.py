@@ -1,0 +1,128 @@
+"""TF 1.x's canned estimators over feature columns run unchanged under TF1 mode, in one process and on a cluster.
+
+They are tensorflow-estimator 2.15's own classes and heads on tfcluster's Estimator (tfcluster/estimator/canned.py),
+so their variable names, metrics, prediction keys and export signatures are TF 1.x's; the program is
+tests/programs/canned.py.
+"""
+
+import json
+import re
+
+import pytest
+
+from conftest import base_env
+from test_tf1_gaps import run_tf1
+
+CLASSIFIERS = ["DNNClassifier", "DNNEstimator", "LinearClassifier", "DNNLinearCombinedClassifier",
+               "DNNLinearCombinedEstimator", "BaselineClassifier", "BaselineEstimator"]
+REGRESSORS = ["DNNRegressor", "LinearRegressor", "LinearEstimator", "DNNLinearCombinedRegressor", "BaselineRegressor"]
+#: TF 1.x's eval metric names of a binary classifier (a multi-class head has no auc, precision or recall).
+BINARY_METRICS = {"accuracy", "accuracy_baseline", "auc", "auc_precision_recall", "average_loss", "label/mean",
+                  "prediction/mean", "precision", "recall", "loss", "global_step"}
+FIRST_VARIABLE = {"DNN": "dnn/hiddenlayer_0/kernel", "Linear": "linear/linear_model/education/weights",
+                  "Baseline": "baseline/bias"}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """Every canned estimator class trained 100 steps, evaluated, asked to predict, exported and served."""
+    tmp = tmp_path_factory.mktemp("canned")
+    program = (__import__("pathlib").Path(__file__).parent / "programs" / "canned.py").read_text()
+    r = run_tf1(tmp, program, "--model_dir", tmp / "models", "--export", "--estimator", *CLASSIFIERS, *REGRESSORS,
+                timeout=420)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {m.group(1): json.loads(m.group(2)) for m in re.finditer(r"^RESULT (\S+) (.*)$", r.stdout, re.M)}
+
+
+@pytest.mark.timeout(450)
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_a_canned_classifier_trains_evaluates_predicts_and_serves_tf_examples_as_tf_1x_did(one_process, name):
+    result = one_process[name]
+    metrics, prediction, serving = result["metrics"], result["prediction"], result["serving"]
+    multi_class = name == "DNNLinearCombinedEstimator"       # tf.contrib.estimator.multi_class_head(3)
+    expected = BINARY_METRICS - ({"accuracy_baseline", "auc", "auc_precision_recall", "label/mean",
+                                  "prediction/mean", "precision", "recall"} if multi_class else set())
+    assert set(metrics) == expected
+    assert metrics["global_step"] == 100
+    keys = {"logits", "probabilities", "class_ids", "classes", "all_class_ids", "all_classes"}
+    assert set(prediction) == keys | (set() if multi_class else {"logistic"})
+    if not name.startswith("Baseline"):      # a baseline predicts the label mean: nothing to learn beyond it
+        assert metrics["accuracy"] > 0.75, metrics
+    assert FIRST_VARIABLE[re.match(r"DNN|Linear|Baseline", name).group(0)] in result["variables"]
+    # TF 1.x's choice for a classifier served from tf.Example strings: classification as serving_default.
+    assert serving["method"] == "tensorflow/serving/classify"
+    assert {"serving_default", "classification", "predict"} <= set(serving["signatures"])
+    assert len(serving["outputs"]["scores"]) == 2 and serving["outputs"]["classes"][0][:2] == ["0", "1"]
+
+
+@pytest.mark.timeout(450)
+@pytest.mark.parametrize("name", REGRESSORS)
+def test_a_canned_regressor_trains_evaluates_predicts_and_serves_tf_examples_as_tf_1x_did(one_process, name):
+    result = one_process[name]
+    metrics, serving = result["metrics"], result["serving"]
+    assert set(metrics) >= {"average_loss", "label/mean", "prediction/mean", "loss", "global_step"}
+    assert metrics["global_step"] == 100
+    assert set(result["prediction"]) == {"predictions"}
+    assert FIRST_VARIABLE[re.match(r"DNN|Linear|Baseline", name).group(0)] in result["variables"]
+    assert serving["method"] == "tensorflow/serving/regress"
+    assert {"serving_default", "regression", "predict"} <= set(serving["signatures"])
+    assert len(serving["outputs"]["outputs"]) == 2
+
+
+def test_the_wide_and_deep_model_keeps_tf_1x_variable_names_and_optimizer_slots(one_process):
+    # An old model_dir restores only if every name matches: the columns' weights and Ftrl's two slots, the DNN's
+    # layers and Adagrad's slot.
+    names = set(one_process["DNNLinearCombinedClassifier"]["variables"])
+    assert {"linear/linear_model/education/weights", "linear/linear_model/education/weights/Ftrl",
+            "linear/linear_model/education/weights/Ftrl_1", "linear/linear_model/bias_weights",
+            "linear/linear_model/age_bucketized_X_education/weights",
+            "dnn/input_from_feature_columns/input_layer/city_embedding/embedding_weights",
+            "dnn/hiddenlayer_0/kernel", "dnn/hiddenlayer_0/kernel/Adagrad", "dnn/logits/bias",
+            "global_step"} <= names
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_wide_and_deep_trains_shared_on_two_ps_with_its_input_layer_split_over_both(tmp_path):
+    from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
+    run = Ran(tmp_path, "canned.py", ["--ps", "2", "--workers", "2"],
+              ["--model_dir", str(tmp_path / "model"), "--estimator", "wide_deep", "--max_steps", "300",
+               "--partitions", "2"])
+    assert_clean_exit(run)
+    steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
+    assert set(steps) == {"worker:0", "worker:1"} and min(steps.values()) > 0, steps     # both trained
+    assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())    # one shared model
+    # Every variable's two parts spread over both ps, by bytes (the placement report: what each ps holds).
+    assert re.search(r"^\[worker:0\] tfcluster: info: worker:0 placed \d+ variable\(s\): /job:ps/task:0 [\d.]+ KB, "
+                     r"/job:ps/task:1 [\d.]+ KB", run.out, re.M), run.out[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("code, says", [
+    ("tf.estimator.DNNClassifier([4], [tf.feature_column.categorical_column_with_hash_bucket('c', 10)])"
+     ".train(lambda: ({'c': tf.constant([['a']])}, tf.constant([[1]])), steps=1)",
+     r"DNNClassifier: .*wrap a categorical column with an embedding_column or indicator_column\. Given: "
+     r"HashedCategoricalColumn\(key='c'"),
+    ("tf.estimator.LinearClassifier([tf.feature_column.numeric_column('x')])"
+     ".train(lambda: ({'y': tf.constant([[1.]])}, tf.constant([[1]])), steps=1)",
+     r"LinearClassifier: .*x"),
+    ("tf.estimator.DNNClassifier([4], [tf.feature_column.numeric_column('x')], n_classes=3)"
+     ".train(lambda: ({'x': tf.constant([[1.]])}, tf.constant([[5]])), steps=1)",
+     r"DNNClassifier: Labels must <= n_classes - 1 .* \(a label is outside n_classes\)"),
+    ("tf.estimator.LinearClassifier([tf.feature_column.numeric_column('x')], label_vocabulary=['no', 'yes'])"
+     ".train(lambda: ({'x': tf.constant([[1.]])}, tf.constant([['maybe']])), steps=1)",
+     r"a training step failed on its input: .*Labels must >= 0.*\(a label is negative, or not in label_vocabulary"),
+    ("tf.estimator.LinearRegressor([tf.feature_column.numeric_column('x')], weight_column='w')"
+     ".train(lambda: ({'x': tf.constant([[1.]]), 'w': tf.constant([['heavy']])}, tf.constant([[1.]])), steps=1)",
+     r"a training step failed on its input: linear/head/weights/Cast: Cast string to float is not supported "
+     r"\(weight_column must name a numeric feature\)"),
+    ("tf.estimator.DNNClassifier([4], [tf.feature_column.numeric_column('x')], optimizer='Adamm')"
+     ".train(lambda: ({'x': tf.constant([[1.]])}, tf.constant([[1]])), steps=1)",
+     r"Adamm"),
+    ("tf.estimator.BoostedTreesClassifier", r"tf\.estimator\.BoostedTreesClassifier is gone in TF 2\.16"),
+])
+def test_bad_canned_input_is_one_line_naming_what_is_wrong(tmp_path, code, says):
+    r = run_tf1(tmp_path, f"import tensorflow as tf\n{code}\n", env=base_env())
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("tfcluster: error:")]
+    assert len(errors) == 1 and re.search(says, errors[0]), r.stderr[-2000:]
