@@ -121,9 +121,16 @@ def _tensorflow_with_tf_keras():
         sys.modules["tensorflow"] = outer
 
 
-def package():
-    """tensorflow-estimator's estimator package, loaded as the module doc says (once per process)."""
+def package(own_estimator: bool = False):
+    """tensorflow-estimator's estimator package, loaded as the module doc says (once per process).
+
+    ``own_estimator``: keep its own ``Estimator`` under the canned classes
+    (scripts/canned_reference.py: TF 1.x's estimator as it trained in one
+    process, the reference tfcluster's is compared with).
+    """
     if "estimator" in _loaded:
+        if _loaded["own"] != own_estimator:
+            raise SpecError("tensorflow-estimator is loaded once per process, with one Estimator under its classes")
         return _loaded["estimator"]
     spec = importlib.util.find_spec("tensorflow_estimator")
     if spec is None or not spec.submodule_search_locations:
@@ -139,12 +146,18 @@ def package():
     with _tensorflow_with_tf_keras():
         lib = importlib.import_module(f"{_ROOT}.estimator")
         # Before any canned module is imported: their classes subclass tfcluster's Estimator.
-        lib.Estimator = CannedEstimator
-        lib.WarmStartSettings = warm_start.WarmStartSettings
+        if not own_estimator:
+            lib.Estimator = CannedEstimator
+            lib.WarmStartSettings = warm_start.WarmStartSettings
         for module in sorted(set(NAMES.values())):
             importlib.import_module(f"{_ROOT}.{module}")
-    _loaded["estimator"] = lib
+    _loaded.update(estimator=lib, own=own_estimator)
     return lib
+
+
+def _ready():
+    """The package loaded (with whichever Estimator this process chose)."""
+    return package(_loaded.get("own", False))
 
 
 def _said(what: str, error: Exception) -> SpecError:
@@ -190,7 +203,7 @@ def get(name: str):
     """TF 1.x's ``tf.estimator.<name>`` from tensorflow-estimator (v1 form), on tfcluster's Estimator."""
     if name not in NAMES:
         raise AttributeError(name)
-    package()
+    _ready()
     module = importlib.import_module(f"{_ROOT}.{NAMES[name]}")
     if name == "pandas_input_fn" and not getattr(module, "HAS_PANDAS", False):
         return _without_pandas
@@ -213,21 +226,21 @@ _MEAN = "weighted_mean"       # tf.compat.v1.losses.Reduction.SUM_OVER_BATCH_SIZ
 def binary_classification_head(weight_column=None, thresholds=None, label_vocabulary=None,
                                loss_reduction=_MEAN, loss_fn=None, name=None):
     """TF 1.x's ``tf.contrib.estimator.binary_classification_head``: a v1 head for ``DNNEstimator`` and kin."""
-    package()
+    _ready()
     return _v1_head("binary")(weight_column, thresholds, label_vocabulary, loss_reduction, loss_fn, name)
 
 
 def multi_class_head(n_classes, weight_column=None, label_vocabulary=None, loss_reduction=_MEAN, loss_fn=None,
                      name=None):
     """TF 1.x's ``tf.contrib.estimator.multi_class_head``."""
-    package()
+    _ready()
     return _v1_head("multi_class")(n_classes, weight_column, label_vocabulary, loss_reduction, loss_fn, name)
 
 
 def regression_head(weight_column=None, label_dimension=1, loss_reduction=_MEAN, loss_fn=None, inverse_link_fn=None,
                     name=None):
     """TF 1.x's ``tf.contrib.estimator.regression_head``."""
-    package()
+    _ready()
     return _v1_head("regression")(weight_column, label_dimension, loss_reduction, loss_fn, inverse_link_fn, name)
 
 
