@@ -81,6 +81,17 @@ def test_the_wide_and_deep_model_keeps_tf_1x_variable_names_and_optimizer_slots(
             "global_step"} <= names
 
 
+@pytest.mark.timeout(300)
+def test_parse_specs_pandas_input_add_metrics_and_best_exporter_work_as_in_tf_1x(tmp_path):
+    program = (__import__("pathlib").Path(__file__).parent / "programs" / "canned_helpers.py").read_text()
+    r = run_tf1(tmp_path, program, "--model_dir", tmp_path / "model", timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(re.search(r"^RESULT (.*)$", r.stdout, re.M).group(1))
+    assert result["spec"] == result["regression_spec"] == ["c", "x", "y"]     # the columns' features and the label
+    assert result["metrics"]["my_auc"] > 0.9 and result["metrics"]["accuracy"] > 0.9     # add_metrics' own metric
+    assert 1 <= len(result["best_exports"]) <= 2          # BestExporter: the best ones, exports_to_keep=2
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_wide_and_deep_trains_shared_on_two_ps_with_its_input_layer_split_over_both(tmp_path):
@@ -120,6 +131,8 @@ def test_wide_and_deep_trains_shared_on_two_ps_with_its_input_layer_split_over_b
      ".train(lambda: ({'x': tf.constant([[1.]])}, tf.constant([[1]])), steps=1)",
      r"Adamm"),
     ("tf.estimator.BoostedTreesClassifier", r"tf\.estimator\.BoostedTreesClassifier is gone in TF 2\.16"),
+    ("import sys\nsys.modules['pandas'] = None     # as if not installed\n"
+     "tf.estimator.inputs.pandas_input_fn(None)", r"pandas_input_fn needs pandas: pip install 'tfcluster\[pandas\]'"),
 ])
 def test_bad_canned_input_is_one_line_naming_what_is_wrong(tmp_path, code, says):
     r = run_tf1(tmp_path, f"import tensorflow as tf\n{code}\n", env=base_env())

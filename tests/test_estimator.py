@@ -175,7 +175,6 @@ def test_a_train_op_that_never_moves_the_global_step_is_stopped_in_one_line(tmp_
 @pytest.mark.parametrize("what, build, message", [
     ("boosted trees", lambda: est.BoostedTreesClassifier, "tf.estimator.BoostedTreesClassifier is gone in TF 2.16; "
      "use a DNN or linear canned estimator"),
-    ("pandas input without pandas", lambda: est.inputs.pandas_input_fn(None), "pip install 'tfcluster[pandas]'"),
     ("numpy input without shuffle", lambda: est.inputs.numpy_input_fn({"x": X}, Y), "shuffle must be True or False"),
     ("a spec without a train_op", lambda: est.EstimatorSpec(est.ModeKeys.TRAIN, loss=tf.constant(1.0)),
      "TRAIN mode needs loss and train_op"),

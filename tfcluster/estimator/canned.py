@@ -205,8 +205,8 @@ def get(name: str):
         raise AttributeError(name)
     _ready()
     module = importlib.import_module(f"{_ROOT}.{NAMES[name]}")
-    if name == "pandas_input_fn" and not getattr(module, "HAS_PANDAS", False):
-        return _without_pandas
+    if name == "pandas_input_fn":
+        return _pandas_input_fn(module.pandas_input_fn) if getattr(module, "HAS_PANDAS", False) else _without_pandas
     if name not in _loaded:         # one class object per name, as an import gives
         _loaded[name] = _one_line(getattr(module, name), name)
     return _loaded[name]
@@ -266,6 +266,26 @@ def logistic_regression_head(weight_column=None, loss_reduction=_MEAN, name=None
 #: ``tf.contrib.estimator``'s heads, as TF1 mode gives them.
 CONTRIB_HEADS = {f.__name__: f for f in (binary_classification_head, multi_class_head, regression_head,
                                          poisson_regression_head, logistic_regression_head)}
+
+
+def _object_strings(data):
+    """``data`` (a DataFrame, a Series or None) with its text columns as ``object``, as pandas before 3.0 kept them:
+    pandas 3 stores text as ``StringDtype``, which TensorFlow cannot take."""
+    if data is None or not hasattr(data, "dtypes"):
+        return data
+    import pandas
+    text = pandas.api.types.is_string_dtype
+    if isinstance(data, pandas.Series):
+        return data.astype(object) if text(data.dtype) and data.dtype != object else data
+    columns = {k: object for k, dtype in data.dtypes.items() if text(dtype) and dtype != object}
+    return data.astype(columns) if columns else data
+
+
+def _pandas_input_fn(make):
+    """tensorflow-estimator's ``pandas_input_fn`` (``make``), fed frames whose text is ``object``, as it expects."""
+    def pandas_input_fn(x, y=None, *args, **kwargs):
+        return make(_object_strings(x), _object_strings(y), *args, **kwargs)
+    return pandas_input_fn
 
 
 def _without_pandas(*args, **kwargs):
