@@ -94,6 +94,25 @@ def test_parse_specs_pandas_input_add_metrics_and_best_exporter_work_as_in_tf_1x
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("name, evaluator", [("DNNClassifier", True), ("LinearClassifier", False),
+                                             ("DNNLinearCombinedEstimator", False), ("BaselineRegressor", False)])
+def test_a_canned_estimator_trains_one_model_shared_by_both_workers_on_the_ps(tmp_path, name, evaluator):
+    # One class of each family (DNN on Adagrad, linear on Ftrl, wide & deep under a tf.contrib.estimator head,
+    # a baseline regressor), unchanged under tfcluster local --tf1; the DNN one with an evaluator task.
+    from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
+    run = Ran(tmp_path, "canned.py", ["--ps", "1", "--workers", "2"] + (["--evaluator"] if evaluator else []),
+              ["--model_dir", str(tmp_path / "model"), "--estimator", name, "--max_steps", "200"])
+    assert_clean_exit(run)
+    steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
+    assert set(steps) == {"worker:0", "worker:1"} and min(steps.values()) > 0, steps     # both trained
+    assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())    # one shared model
+    if evaluator:
+        result = json.loads(run.printed("EVAL")["evaluator:0"])
+        assert result["global_step"] == sum(steps.values()) and result["accuracy"] > 0.75, result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_wide_and_deep_trains_shared_on_two_ps_with_its_input_layer_split_over_both(tmp_path):
     from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
     run = Ran(tmp_path, "canned.py", ["--ps", "2", "--workers", "2"],
@@ -139,3 +158,29 @@ def test_bad_canned_input_is_one_line_naming_what_is_wrong(tmp_path, code, says)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("tfcluster: error:")]
     assert len(errors) == 1 and re.search(says, errors[0]), r.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_canned_estimator_in_sync_ends_at_the_weights_of_one_process_on_the_global_batch(tmp_path):
+    # SyncReplicasOptimizer as a LinearRegressor's optimizer: each step averages one gradient from each worker.
+    import numpy as np
+    from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
+    run = Ran(tmp_path, "canned_sync.py", ["--ps", "1", "--workers", "2"],
+              ["--model_dir", str(tmp_path / "model"), "--max_steps", "30"])
+    assert_clean_exit(run)
+    assert {task: n.split()[-1] for task, n in run.printed("STEPS").items()} == {"worker:0": "30", "worker:1": "30"}
+    # One process: gradient descent on the mean squared error of both workers' 16 rows at once, from zeros.
+    rng = np.random.RandomState(0)
+    a, b = rng.rand(512).astype(np.float32), rng.rand(512).astype(np.float32)
+    x, y = np.stack([a, b], 1), 1.0 * a - 2.0 * b + 0.5
+    w, bias = np.zeros(2), 0.0
+    for step in range(30):
+        rows = np.concatenate([np.take(np.arange(k, 512, 2), range(step * 16, (step + 1) * 16), mode="wrap")
+                               for k in range(2)])     # each shard repeats
+        error = x[rows].dot(w) + bias - y[rows]
+        w, bias = w - 0.1 * 2 * x[rows].T.dot(error) / len(rows), bias - 0.1 * 2 * error.mean()
+    got = [checkpoint_value(tmp_path / "model", f"linear/linear_model/{c}/weights")[0, 0] for c in "ab"]
+    np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(checkpoint_value(tmp_path / "model", "linear/linear_model/bias_weights")[0], bias,
+                               rtol=1e-4, atol=1e-5)

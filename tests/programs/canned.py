@@ -6,9 +6,9 @@
 Each estimator trains on census-like rows this program makes (age, hours, education as a vocabulary, city as
 a hash bucket, their cross, an occupation id), evaluates and predicts; it prints ``RESULT <name> <JSON>`` with
 its metrics, one prediction's keys and values, and with ``--export`` what its SavedModel's ``serving_default``
-gives for two serialized tf.Example protos. On a cluster (TF_CONFIG), ``wide_deep`` trains a
-``DNNLinearCombinedClassifier`` with ``train_and_evaluate``, its input layer (embeddings included) split by
-``input_layer_partitioner`` into ``--partitions`` parts; trainers print ``STEPS <task> <local steps>``.
+gives for two serialized tf.Example protos. On a cluster (TF_CONFIG), the first estimator trains with ``train_and_evaluate``
+(``wide_deep``: a ``DNNLinearCombinedClassifier`` whose input layer, embeddings included, ``input_layer_partitioner``
+splits into ``--partitions`` parts); trainers print ``STEPS <task> <local steps>``, an evaluator ``EVAL <JSON>``.
 """
 
 import argparse
@@ -142,18 +142,21 @@ class StepCounter(tf.train.SessionRunHook):
         self.steps += 1
 
 
-def on_cluster(model_dir, max_steps, partitions):
+def on_cluster(name, model_dir, max_steps, partitions):
     config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=100)
-    estimator = make("wide_deep", model_dir, config, partitions)
-    x, y, _ = rows(4000, seed=config.task_id + 1)
+    estimator = make(name, model_dir, config, partitions)
+    x, y, score = rows(4000, seed=config.task_id + 1)
+    labels = score if regression(name) else y
     counter = StepCounter()
-    train = tf.estimator.inputs.numpy_input_fn(x, y, batch_size=64, num_epochs=None, shuffle=True)
-    tf.estimator.train_and_evaluate(
+    train = tf.estimator.inputs.numpy_input_fn(x, labels, batch_size=64, num_epochs=None, shuffle=True)
+    result, _ = tf.estimator.train_and_evaluate(
         estimator, tf.estimator.TrainSpec(train, max_steps=max_steps, hooks=[counter]),
-        tf.estimator.EvalSpec(tf.estimator.inputs.numpy_input_fn(x, y, batch_size=500, shuffle=False), steps=None,
-                              start_delay_secs=0, throttle_secs=1))
+        tf.estimator.EvalSpec(tf.estimator.inputs.numpy_input_fn(x, labels, batch_size=500, shuffle=False),
+                              steps=None, start_delay_secs=0, throttle_secs=1))
     if config.task_type in ("chief", "master", "worker"):
         print("STEPS %s:%d %d" % (config.task_type, config.task_id, counter.steps), flush=True)
+    if result is not None:
+        print("EVAL " + json.dumps({k: float(v) for k, v in result.items()}), flush=True)
 
 
 def main():
@@ -166,7 +169,7 @@ def main():
     p.add_argument("--export", action="store_true")
     args = p.parse_args()
     if os.environ.get("TF_CONFIG"):
-        return on_cluster(args.model_dir, args.max_steps, args.partitions)
+        return on_cluster(args.estimator[0], args.model_dir, args.max_steps, args.partitions)
     for name in args.estimator:
         one_process(name, os.path.join(args.model_dir, name), args.steps, args.export)
 
