@@ -184,3 +184,18 @@ def test_a_canned_estimator_in_sync_ends_at_the_weights_of_one_process_on_the_gl
     np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(checkpoint_value(tmp_path / "model", "linear/linear_model/bias_weights")[0], bias,
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(200)
+def test_the_wide_and_deep_example_trains_on_the_csv_files_it_writes_and_prints_its_auc(tmp_path):
+    import subprocess
+    from test_tf1_gaps import TF1
+    example = __import__("pathlib").Path(__file__).resolve().parent.parent / "examples" / "wide_deep.py"
+    r = subprocess.run(TF1 + [str(example), "--model_dir", str(tmp_path / "model"), "--train_steps", "300"],
+                       capture_output=True, text=True, env=base_env(), timeout=180, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = re.search(r"^wide & deep at step 300: auc ([\d.]+), accuracy ([\d.]+) \(baseline ([\d.]+)\)$", r.stdout, re.M)
+    assert found, r.stdout[-2000:]
+    auc, accuracy, baseline = map(float, found.groups())
+    assert auc > 0.85 and accuracy > baseline
+    assert (tmp_path / "model_data" / "train.csv").stat().st_size > 0      # the data it made, beside the model
