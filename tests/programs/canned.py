@@ -78,6 +78,15 @@ def make(name, model_dir, config=None, partitions=None):
                                               linear_optimizer=tf.train.FtrlOptimizer(0.5), dnn_feature_columns=deep,
                                               dnn_optimizer=tf.train.AdagradOptimizer(0.3), dnn_hidden_units=[16, 8],
                                               **common)
+    # The v2 heads (tf.estimator.BinaryClassHead...) take the v2 estimators' optimizers: a name or a tf.keras one.
+    if name == "DNNEstimator+BinaryClassHead":
+        return est.DNNEstimator(est.BinaryClassHead(), [16, 8], deep, optimizer=tf.keras.optimizers.Adagrad(0.3),
+                                **common)
+    if name == "LinearEstimator+RegressionHead":
+        return est.LinearEstimator(est.RegressionHead(), wide + deep[:2], optimizer="Ftrl", **common)
+    if name == "DNNLinearCombinedEstimator+PoissonRegressionHead":
+        return est.DNNLinearCombinedEstimator(est.PoissonRegressionHead(), linear_feature_columns=wide,
+                                              dnn_feature_columns=deep, dnn_hidden_units=[16, 8], **common)
     if name == "BaselineClassifier":
         return est.BaselineClassifier(n_classes=2, **common)
     if name == "BaselineRegressor":
@@ -88,7 +97,12 @@ def make(name, model_dir, config=None, partitions=None):
 
 
 def regression(name):
-    return "Regressor" in name or name in ("LinearEstimator",)
+    return "Regressor" in name or "RegressionHead" in name or name in ("LinearEstimator",)
+
+
+def targets(name, y, score):
+    """The labels ``name`` learns: counts for a Poisson head, the score for a regression, else the click."""
+    return np.abs(score) if "Poisson" in name else score if regression(name) else y
 
 
 def serve(estimator, name, export_base):
@@ -119,7 +133,7 @@ def serve(estimator, name, export_base):
 
 def one_process(name, model_dir, steps, export):
     x, y, score = rows(2000)
-    labels = score if regression(name) else y
+    labels = targets(name, y, score)
     estimator = make(name, model_dir, tf.estimator.RunConfig(tf_random_seed=1))
     train = tf.estimator.inputs.numpy_input_fn(x, labels, batch_size=64, num_epochs=None, shuffle=True)
     estimator.train(train, steps=steps)
@@ -146,7 +160,7 @@ def on_cluster(name, model_dir, max_steps, partitions):
     config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=100)
     estimator = make(name, model_dir, config, partitions)
     x, y, score = rows(4000, seed=config.task_id + 1)
-    labels = score if regression(name) else y
+    labels = targets(name, y, score)
     counter = StepCounter()
     train = tf.estimator.inputs.numpy_input_fn(x, labels, batch_size=64, num_epochs=None, shuffle=True)
     result, _ = tf.estimator.train_and_evaluate(

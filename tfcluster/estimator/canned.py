@@ -147,7 +147,7 @@ def package(own_estimator: bool = False):
         lib = importlib.import_module(f"{_ROOT}.estimator")
         # Before any canned module is imported: their classes subclass tfcluster's Estimator.
         if not own_estimator:
-            lib.Estimator = CannedEstimator
+            lib.Estimator = lib.EstimatorV2 = CannedEstimator
             lib.WarmStartSettings = warm_start.WarmStartSettings
         for module in sorted(set(NAMES.values())):
             importlib.import_module(f"{_ROOT}.{module}")
@@ -208,8 +208,27 @@ def get(name: str):
     if name == "pandas_input_fn":
         return _pandas_input_fn(module.pandas_input_fn) if getattr(module, "HAS_PANDAS", False) else _without_pandas
     if name not in _loaded:         # one class object per name, as an import gives
-        _loaded[name] = _one_line(getattr(module, name), name)
+        made = _one_line(getattr(module, name), name)
+        if name in _BY_HEAD:
+            made = _by_head(made, _one_line(getattr(module, name + "V2"), name))
+        _loaded[name] = made
     return _loaded[name]
+
+
+#: The classes that take a head: TF 1.x's v1 form for a v1 head, the v2 form for a v2 one (``BinaryClassHead``...).
+_BY_HEAD = {"DNNEstimator", "LinearEstimator", "DNNLinearCombinedEstimator", "BaselineEstimator"}
+
+
+def _by_head(v1, v2):
+    """``v1`` built with a v1 head (``tf.contrib.estimator``'s), ``v2`` with a v2 head, whose loss and optimizer
+    (a tf.keras one, or a name) are the v2 estimator's: a v1 estimator cannot train a v2 head."""
+    head_type = importlib.import_module(f"{_ROOT}.head.base_head").Head
+
+    def __new__(cls, *args, **kwargs):
+        head = kwargs.get("head", args[0] if args else None)
+        return v2(*args, **kwargs) if isinstance(head, head_type) else super(by_head, cls).__new__(cls)
+    by_head = type(v1.__name__, (v1,), {"__new__": __new__, "__doc__": v1.__doc__, "__module__": v1.__module__})
+    return by_head
 
 
 def _v1_head(kind: str):
