@@ -210,13 +210,22 @@ def get(name: str):
     if name not in _loaded:         # one class object per name, as an import gives
         made = _one_line(getattr(module, name), name)
         if name in _BY_HEAD:
-            made = _by_head(made, _one_line(getattr(module, name + "V2"), name))
+            v2 = _one_line(getattr(module, name + "V2"), name) if name != "BaselineEstimator" else _baseline_v2
+            made = _by_head(made, v2)
         _loaded[name] = made
     return _loaded[name]
 
 
 #: The classes that take a head: TF 1.x's v1 form for a v1 head, the v2 form for a v2 one (``BinaryClassHead``...).
 _BY_HEAD = {"DNNEstimator", "LinearEstimator", "DNNLinearCombinedEstimator", "BaselineEstimator"}
+
+
+def _baseline_v2(head, *args, **kwargs):
+    # Its v2 form makes its bias under control dependencies on the first batch's size checks, so initialising it
+    # reads the input, which tfcluster's resumable input pipeline gives only after initialisation.
+    raise SpecError(f"tf.estimator.BaselineEstimator with a v2 head ({type(head).__name__}) is not covered yet; give "
+                    "it tf.contrib.estimator's head of that kind, or use BaselineClassifier / BaselineRegressor "
+                    "(docs/estimator.md)")
 
 
 def _by_head(v1, v2):
