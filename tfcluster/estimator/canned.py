@@ -13,18 +13,19 @@ those modules, with two stand-ins and one substitution (:func:`package`):
 - ``tensorflow.python.distribute.estimator_training`` (the distribute
   coordinator its own ``Estimator.train`` used) is gone: an empty module
   stands in, and nothing loaded here calls it;
-- its ``estimator.Estimator`` is tfcluster's (:class:`.Estimator`), set before
-  the canned modules are imported, so their v1 classes (TF 1.x's
-  ``tf.estimator.DNNClassifier`` and kin, with v1's defaults, such as
-  ``loss_reduction=SUM``) subclass it and train on tfcluster's cluster,
+- its ``estimator.Estimator`` and ``EstimatorV2`` are tfcluster's
+  (:class:`CannedEstimator`), set before the canned modules are imported, so
+  their v1 classes (TF 1.x's ``tf.estimator.DNNClassifier`` and kin, with
+  v1's defaults, such as ``loss_reduction=SUM``), and the v2 forms a v2 head
+  needs, subclass it and train on tfcluster's cluster,
   session, placement and recovery, with TF 1.x's own model functions, variable
   names (old model directories restore), metrics, prediction keys and export
   signatures.
 
 Their layers are tf-keras's: while they import, ``tensorflow`` is TF 2.21's
 own with tf-keras as its ``keras`` (:func:`_tensorflow_with_tf_keras`), in
-TF1 mode or not. tests/test_canned.py holds this to TF 1.x's behaviour;
-docs/estimator.md says what is covered.
+TF1 mode or not. tests/test_canned.py and tests/test_canned_checkpoints.py
+hold this to TF 1.x's behaviour; docs/estimator.md says what is covered.
 """
 
 import contextlib
