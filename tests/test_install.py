@@ -54,11 +54,13 @@ def test_the_wheel_has_one_version_a_python_range_and_tensorflow_only_as_extras(
     assert meta["Requires-Python"] in (">=3.10,<3.14", "<3.14,>=3.10")
     requires = meta.get_all("Requires-Dist")
     assert [r for r in requires if "extra ==" not in r] == ["grpcio>=1.60", "psutil>=5.9"]
-    assert sorted(meta.get_all("Provides-Extra")) == ["bench", "examples", "legacy", "tensorboard", "tensorflow",
-                                                      "tensorflow-cpu", "test"]
+    assert sorted(meta.get_all("Provides-Extra")) == ["bench", "examples", "legacy", "pandas", "tensorboard",
+                                                      "tensorflow", "tensorflow-cpu", "test"]
     assert 'tensorflow==2.21.*; extra == "tensorflow"' in requires
     assert 'tensorflow-cpu==2.21.*; extra == "tensorflow-cpu"' in requires
     assert 'tf-keras==2.21.*; extra == "legacy"' in requires
+    # TF 1.x's canned estimators (tfcluster/estimator/canned.py knows this version's internals).
+    assert 'tensorflow-estimator==2.15.0; extra == "legacy"' in requires
     # TensorFlow 2.21 no longer brings TensorBoard, which reads the summaries fit writes.
     assert 'tensorboard==2.21.*; extra == "tensorboard"' in requires
     assert "tfcluster = tfcluster.cli:main" in entry_points

@@ -33,7 +33,7 @@ def main():
     rng = np.random.RandomState(0)
     x = rng.uniform(-1, 1, 600).astype(np.float32)
     c = rng.choice(["red", "green", "blue"], 600)
-    y = ((x > 0) ^ (c == "red")).astype(np.int64)
+    y = (x + 0.8 * (c == "red") > 0.3).astype(np.int64)        # the colour's embedding and x both matter
     columns = [fc.numeric_column("x"),
                fc.embedding_column(fc.categorical_column_with_vocabulary_list("c", ["red", "green", "blue"]), 2)]
     spec = tf.estimator.classifier_parse_example_spec(columns, label_key="y", label_dtype=tf.int64)
@@ -49,7 +49,8 @@ def main():
         return {"my_auc": tf.metrics.auc(labels, predictions["logistic"])}
 
     estimator = tf.estimator.DNNClassifier([8], columns, model_dir=args.model_dir,
-                                           config=tf.estimator.RunConfig(save_checkpoints_steps=100))
+                                           config=tf.estimator.RunConfig(save_checkpoints_steps=100,
+                                                                         tf_random_seed=1))
     estimator = tf.estimator.add_metrics(estimator, my_auc)
     frame = pd.DataFrame({"x": x, "c": c})
     train = tf.estimator.inputs.pandas_input_fn(frame, pd.Series(y), batch_size=32, num_epochs=None, shuffle=True)
