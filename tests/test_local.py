@@ -326,8 +326,9 @@ def test_a_classic_tf1_script_runs_to_the_end_under_legacy_flags_and_the_launche
     for i in (0, 1):
         assert re.search(rf"^\[worker:{i}\] worker {i} done: ran \d+ steps, global step (\d+)", run.output, re.M)
     steps = [int(x) for x in re.findall(r"global step (\d+)", run.output)]
-    # global_step fetched with train_op is read before that step's increment: 49 means 50 steps ran.
-    assert len(steps) == 2 and max(steps) >= 49
+    # global_step fetched with train_op is read before that step's increment, and in async the two workers' last
+    # steps may read it at once: the last steps ran at 48 and 49, or both at 48 (seen on CI), so 50 steps ran.
+    assert len(steps) == 2 and max(steps) >= 50 - 2
     assert "[tfcluster] all 2 trainer(s) finished; stopping ps:0" in run.lines
     assert run.alive() == []
 
