@@ -319,9 +319,3 @@ def _pandas_input_fn(make):
 
 def _without_pandas(*args, **kwargs):
     raise SpecError("tf.estimator.inputs.pandas_input_fn needs pandas: pip install 'tfcluster[pandas]'")
-
-
-def names() -> list:
-    """Every name :func:`get` gives."""
-    return sorted(NAMES)
-
