@@ -21,6 +21,7 @@ from tensorflow.python.util import deprecation
 from ..core.errors import TfclusterError
 from ..runtime.checkpoints import checkpoint_step
 from .calls import call_model_fn
+from .inference import inference_graph
 from .spec import ModeKeys
 
 tf1 = tf.compat.v1
@@ -94,7 +95,7 @@ def export_saved_model(estimator, export_dir_base, serving_input_receiver_fn, as
     checkpoint = checkpoint_path or estimator.latest_checkpoint()
     if checkpoint is None:
         raise TfclusterError(f"no checkpoint in {estimator.model_dir} to export; train first")
-    graph = tf1.Graph()
+    graph = inference_graph()
     with graph.as_default():
         tf1.train.get_or_create_global_step()
         receiver = serving_input_receiver_fn()

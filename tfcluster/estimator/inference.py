@@ -7,6 +7,7 @@ device, so it restores anywhere (docs/pitfalls.md, item 9).
 
 import logging
 import os
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -20,6 +21,19 @@ from .spec import ModeKeys
 
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")
+_inference_graphs = weakref.WeakSet()
+
+
+def only_infers(graph) -> bool:
+    """True for a graph tfcluster built to evaluate, predict or export: its local sessions train nothing."""
+    return graph in _inference_graphs
+
+
+def inference_graph():
+    """A new graph that :func:`only_infers`."""
+    graph = tf1.Graph()
+    _inference_graphs.add(graph)
+    return graph
 
 
 class _PlainSession:
@@ -89,7 +103,7 @@ def _runs(session, hooks, fetch, steps=None):
 def evaluate(estimator, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None) -> dict:
     """The metrics of ``model_fn``'s EVAL mode over ``input_fn`` (all of it, or ``steps`` batches)."""
     path = _checkpoint(estimator, checkpoint_path)
-    graph = tf1.Graph()
+    graph = inference_graph()
     with graph.as_default():
         if estimator.config.tf_random_seed is not None:
             tf1.set_random_seed(estimator.config.tf_random_seed)
@@ -139,7 +153,7 @@ def _write_summary(model_dir, name, result):
 def predict(estimator, input_fn, predict_keys=None, hooks=None, checkpoint_path=None, yield_single_examples=True):
     """Predictions of ``model_fn``'s PREDICT mode over ``input_fn``: one example (or one batch) at a time."""
     path = _checkpoint(estimator, checkpoint_path)
-    graph = tf1.Graph()
+    graph = inference_graph()
     with graph.as_default():
         tf1.train.get_or_create_global_step()
         features, _, init, _ = call_input_fn(input_fn, ModeKeys.PREDICT, estimator.params, estimator.config)

@@ -296,8 +296,11 @@ def _warn_if_private(graph, cluster, warned):
     import tensorflow as tf
     g = graph or tf.compat.v1.get_default_graph()
     from .. import keras
+    from ..estimator.inference import only_infers
     if keras.trains_on_cluster(g):
         return      # a tf.keras model whose fit trains on the cluster: this session only uses it
+    if only_infers(g):
+        return      # an Estimator's evaluate, predict or export, after training on the cluster
     trainable = g.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
     # A training graph has a global step; a model built only to evaluate or to copy weights has none.
     training = tf.compat.v1.train.get_global_step(g) is not None
