@@ -18,6 +18,9 @@ CLASSIFIERS = ["DNNClassifier", "DNNEstimator", "LinearClassifier", "DNNLinearCo
                "DNNLinearCombinedEstimator", "BaselineClassifier", "BaselineEstimator", "DNNEstimator+BinaryClassHead"]
 REGRESSORS = ["DNNRegressor", "LinearRegressor", "LinearEstimator", "DNNLinearCombinedRegressor", "BaselineRegressor",
               "LinearEstimator+RegressionHead", "DNNLinearCombinedEstimator+PoissonRegressionHead"]
+#: The twelve canned estimator classes of TF 1.x's tf.estimator.
+CLASSES = [f"{family}{kind}" for family in ("DNN", "Linear", "DNNLinearCombined", "Baseline")
+           for kind in ("Classifier", "Regressor", "Estimator")]
 #: TF 1.x's eval metric names of a binary classifier (a multi-class head has no auc, precision or recall).
 BINARY_METRICS = {"accuracy", "accuracy_baseline", "auc", "auc_precision_recall", "average_loss", "label/mean",
                   "prediction/mean", "precision", "recall", "loss", "global_step"}
@@ -94,36 +97,68 @@ def test_parse_specs_pandas_input_add_metrics_and_best_exporter_work_as_in_tf_1x
     assert 1 <= len(result["best_exports"]) <= 2          # BestExporter: the best ones, exports_to_keep=2
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name, evaluator", [("DNNClassifier", True), ("LinearClassifier", False),
-                                             ("DNNLinearCombinedEstimator", False), ("BaselineRegressor", False)])
-def test_a_canned_estimator_trains_one_model_shared_by_both_workers_on_the_ps(tmp_path, name, evaluator):
-    # One class of each family (DNN on Adagrad, linear on Ftrl, wide & deep under a tf.contrib.estimator head,
-    # a baseline regressor), unchanged under tfcluster local --tf1; the DNN one with an evaluator task.
+def test_the_estimator_classes_take_each_head_of_tf_estimator_multi_head_included(tmp_path):
+    program = (__import__("pathlib").Path(__file__).parent / "programs" / "canned_heads.py").read_text()
+    r = run_tf1(tmp_path, program, "--model_dir", tmp_path / "models", timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = {m.group(1): json.loads(m.group(2)) for m in re.finditer(r"^RESULT (\S+) (.*)$", r.stdout, re.M)}
+    assert got["MultiClassHead"]["metrics"]["accuracy"] > 0.9
+    assert set(got["MultiClassHead"]["prediction"]) == {"logits", "probabilities", "class_ids", "classes",
+                                                        "all_class_ids", "all_classes"}
+    assert got["MultiLabelHead"]["metrics"]["auc"] > 0.95
+    assert got["MultiLabelHead"]["prediction"] == ["classes", "logits", "probabilities"]
+    assert len(got["MultiLabelHead"]["outputs"]["scores"][0]) == 3          # one probability per label
+    assert got["LogisticRegressionHead"]["prediction"] == ["logits", "predictions"]
+    assert got["LogisticRegressionHead"]["method"] == "tensorflow/serving/regress"
+    # A MultiHead names each head's metrics, predictions and signatures; serving_default is its first head's.
+    multi = got["MultiHead"]
+    assert {"loss/tags", "loss/score", "auc/tags", "average_loss/score", "loss"} <= set(multi["metrics"])
+    assert multi["prediction"] == ["score/predictions", "tags/classes", "tags/logits", "tags/probabilities"]
+    assert {"tags/classification", "score/regression", "serving_default"} <= set(multi["signatures"])
+    assert multi["method"] == "tensorflow/serving/classify"
+
+
+def trained_on_a_cluster(tmp_path, name, tasks, *more):
+    """``name`` trained under ``tfcluster local --tf1`` with an evaluator: the run, its steps per worker."""
     from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
-    run = Ran(tmp_path, "canned.py", ["--ps", "1", "--workers", "2"] + (["--evaluator"] if evaluator else []),
-              ["--model_dir", str(tmp_path / "model"), "--estimator", name, "--max_steps", "200"])
+    run = Ran(tmp_path, "canned.py", [*tasks, "--evaluator"],
+              ["--model_dir", str(tmp_path / "model"), "--estimator", name, "--max_steps", "200", *more])
     assert_clean_exit(run)
     steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
     assert set(steps) == {"worker:0", "worker:1"} and min(steps.values()) > 0, steps     # both trained
     assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())    # one shared model
-    if evaluator:
-        result = json.loads(run.printed("EVAL")["evaluator:0"])
-        assert result["global_step"] == sum(steps.values()) and result["accuracy"] > 0.75, result
+    evaluated = json.loads(run.printed("EVAL")["evaluator:0"])
+    assert evaluated["global_step"] == sum(steps.values()) and "loss" in evaluated, evaluated
+    learns = not name.startswith("Baseline")          # a baseline predicts the label mean: nothing to learn beyond
+    if learns and ("Classifier" in name or name in ("DNNEstimator", "DNNLinearCombinedEstimator", "wide_deep")):
+        assert evaluated["accuracy"] > 0.75, evaluated
+    # The chief exports the model the cluster trained and serves tf.Example strings from it, as TF 1.x did.
+    served = json.loads(run.printed("SERVED")["worker:0"])
+    assert served["method"] == ("tensorflow/serving/regress" if regression(name) else "tensorflow/serving/classify")
+    assert len(served["outputs"]["outputs" if regression(name) else "scores"]) == 2
+    assert "private copy" not in run.out      # evaluating and exporting on a trainer train nothing
+    return run
+
+
+def regression(name):
+    return "Regressor" in name or name == "LinearEstimator"      # tests/programs/canned.py's regression heads
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", [n for n in CLASSES if n != "DNNLinearCombinedClassifier"])    # wide & deep: below
+def test_each_canned_estimator_trains_one_model_shared_by_both_workers_evaluates_and_serves(tmp_path, name):
+    # Every class unchanged under tfcluster local --tf1: DNNs on Adagrad and Adam, linear models on Ftrl and
+    # their defaults, wide & deep under a tf.contrib.estimator head, baselines; train_and_evaluate with an
+    # evaluator task.
+    trained_on_a_cluster(tmp_path, name, ["--ps", "1", "--workers", "2"])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_wide_and_deep_trains_shared_on_two_ps_with_its_input_layer_split_over_both(tmp_path):
-    from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
-    run = Ran(tmp_path, "canned.py", ["--ps", "2", "--workers", "2"],
-              ["--model_dir", str(tmp_path / "model"), "--estimator", "wide_deep", "--max_steps", "300",
-               "--partitions", "2"])
-    assert_clean_exit(run)
-    steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
-    assert set(steps) == {"worker:0", "worker:1"} and min(steps.values()) > 0, steps     # both trained
-    assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())    # one shared model
+    run = trained_on_a_cluster(tmp_path, "wide_deep", ["--ps", "2", "--workers", "2"], "--partitions", "2")
     # Every variable's two parts spread over both ps, by bytes (the placement report: what each ps holds).
     assert re.search(r"^\[worker:0\] tfcluster: info: worker:0 placed \d+ variable\(s\): /job:ps/task:0 [\d.]+ KB, "
                      r"/job:ps/task:1 [\d.]+ KB", run.out, re.M), run.out[-3000:]

@@ -1,14 +1,15 @@
 """TF 1.x programs of the canned estimators over feature columns, as legacy codebases wrote them.
 
     python canned.py --model_dir DIR --estimator NAME [NAME ...] [--steps N] [--export]
-    python canned.py --model_dir DIR --estimator wide_deep --max_steps N --partitions P   (on a cluster)
+    python canned.py --model_dir DIR --estimator NAME --max_steps N [--partitions P] [--log_steps N]   (on a cluster)
 
 Each estimator trains on census-like rows this program makes (age, hours, education as a vocabulary, city as
 a hash bucket, their cross, an occupation id), evaluates and predicts; it prints ``RESULT <name> <JSON>`` with
 its metrics, one prediction's keys and values, and with ``--export`` what its SavedModel's ``serving_default``
 gives for two serialized tf.Example protos. On a cluster (TF_CONFIG), the first estimator trains with ``train_and_evaluate``
 (``wide_deep``: a ``DNNLinearCombinedClassifier`` whose input layer, embeddings included, ``input_layer_partitioner``
-splits into ``--partitions`` parts); trainers print ``STEPS <task> <local steps>``, an evaluator ``EVAL <JSON>``.
+splits into ``--partitions`` parts); trainers print ``STEPS <task> <local steps>``, an evaluator ``EVAL <JSON>``, and
+the chief, once trained, exports the model and prints ``SERVED <JSON>``.
 """
 
 import argparse
@@ -156,8 +157,8 @@ class StepCounter(tf.train.SessionRunHook):
         self.steps += 1
 
 
-def on_cluster(name, model_dir, max_steps, partitions):
-    config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=100)
+def on_cluster(name, model_dir, max_steps, partitions, log_steps):
+    config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=log_steps)
     estimator = make(name, model_dir, config, partitions)
     x, y, score = rows(4000, seed=config.task_id + 1)
     labels = targets(name, y, score)
@@ -169,6 +170,8 @@ def on_cluster(name, model_dir, max_steps, partitions):
                               steps=None, start_delay_secs=0, throttle_secs=1))
     if config.task_type in ("chief", "master", "worker"):
         print("STEPS %s:%d %d" % (config.task_type, config.task_id, counter.steps), flush=True)
+    if config.is_chief:
+        print("SERVED " + json.dumps(serve(estimator, name, os.path.join(model_dir, "export"))), flush=True)
     if result is not None:
         print("EVAL " + json.dumps({k: float(v) for k, v in result.items()}), flush=True)
 
@@ -180,10 +183,11 @@ def main():
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--max_steps", type=int, default=400)
     p.add_argument("--partitions", type=int)
+    p.add_argument("--log_steps", type=int, default=100)
     p.add_argument("--export", action="store_true")
     args = p.parse_args()
     if os.environ.get("TF_CONFIG"):
-        return on_cluster(args.estimator[0], args.model_dir, args.max_steps, args.partitions)
+        return on_cluster(args.estimator[0], args.model_dir, args.max_steps, args.partitions, args.log_steps)
     for name in args.estimator:
         one_process(name, os.path.join(args.model_dir, name), args.steps, args.export)
 
