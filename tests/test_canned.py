@@ -164,6 +164,52 @@ def test_wide_and_deep_trains_shared_on_two_ps_with_its_input_layer_split_over_b
                      r"/job:ps/task:1 [\d.]+ KB", run.out, re.M), run.out[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_early_stopping_hook_on_the_chief_stops_every_worker_once_the_evaluator_is_good_enough(tmp_path):
+    # tf.estimator.experimental.stop_if_higher_hook, TF 1.x's: the chief reads the evaluator's metrics and sets a
+    # flag the other workers read, which is on the ps because the hooks begin under the model's device function.
+    from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
+    run = Ran(tmp_path, "canned.py", ["--ps", "1", "--workers", "2", "--evaluator"],
+              ["--model_dir", str(tmp_path / "model"), "--estimator", "DNNClassifier", "--max_steps", "1000000",
+               "--stop_above", "0.8"])
+    assert_clean_exit(run)
+    steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
+    # Far before max_steps: worker:1, whose hook only reads the flag, stopped because the chief set it on the ps.
+    assert set(steps) == {"worker:0", "worker:1"} and sum(steps.values()) < 20000, steps
+    assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())
+    assert json.loads(run.printed("EVAL")["evaluator:0"])["accuracy"] > 0.8
+
+
+EARLY_STOPPING = """
+import numpy as np
+import tensorflow as tf
+
+def model_fn(features, labels, mode):
+    loss = tf.reduce_mean(tf.square(tf.layers.dense(features["x"], 1) - labels))
+    train = tf.train.GradientDescentOptimizer(0.1).minimize(loss, tf.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+x = np.random.RandomState(0).rand(200, 1).astype(np.float32)
+estimator = tf.estimator.Estimator(model_fn, model_dir="model")
+hook = tf.estimator.experimental.stop_if_lower_hook(estimator, "loss", threshold=1e9, run_every_secs=None,
+                                                    run_every_steps=5)
+train = tf.estimator.inputs.numpy_input_fn({"x": x}, x * 2, num_epochs=None, shuffle=True)
+estimator.train(train, steps=10)
+# An evaluation whose loss is below the threshold: the hook stops the next training at its first check.
+estimator.evaluate(tf.estimator.inputs.numpy_input_fn({"x": x}, x * 2, batch_size=200, shuffle=False))
+estimator.train(train, hooks=[hook], steps=500)
+print("STOPPED AT", estimator.get_variable_value("global_step"))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_early_stopping_hooks_take_an_estimator_of_ones_own_model_fn(tmp_path):
+    r = run_tf1(tmp_path, EARLY_STOPPING)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"^STOPPED AT (\d+)$", r.stdout, re.M) and int(r.stdout.split()[-1]) < 100, r.stdout
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("code, says", [
     ("tf.estimator.DNNClassifier([4], [tf.feature_column.categorical_column_with_hash_bucket('c', 10)])"
@@ -187,6 +233,8 @@ def test_wide_and_deep_trains_shared_on_two_ps_with_its_input_layer_split_over_b
      ".train(lambda: ({'x': tf.constant([[1.]])}, tf.constant([[1]])), steps=1)",
      r"Adamm"),
     ("tf.estimator.BoostedTreesClassifier", r"tf\.estimator\.BoostedTreesClassifier is gone in TF 2\.16"),
+    ("tf.estimator.experimental.LinearSDCA", r"tf\.estimator\.experimental\.LinearSDCA is gone in TF 2\.16.*"
+                                             r"early-stopping hooks"),
     ("tf.estimator.BaselineEstimator(tf.estimator.RegressionHead())",
      r"BaselineEstimator with a v2 head \(RegressionHead\) is not covered yet"),
     ("import sys\nsys.modules['pandas'] = None     # as if not installed\n"

@@ -1,7 +1,8 @@
 """TF 1.x programs of the canned estimators over feature columns, as legacy codebases wrote them.
 
     python canned.py --model_dir DIR --estimator NAME [NAME ...] [--steps N] [--export]
-    python canned.py --model_dir DIR --estimator NAME --max_steps N [--partitions P] [--log_steps N]   (on a cluster)
+    python canned.py --model_dir DIR --estimator NAME --max_steps N [--partitions P] [--log_steps N]
+        [--stop_above ACCURACY]   (on a cluster)
 
 Each estimator trains on census-like rows this program makes (age, hours, education as a vocabulary, city as
 a hash bucket, their cross, an occupation id), evaluates and predicts; it prints ``RESULT <name> <JSON>`` with
@@ -157,19 +158,22 @@ class StepCounter(tf.train.SessionRunHook):
         self.steps += 1
 
 
-def on_cluster(name, model_dir, max_steps, partitions, log_steps):
+def on_cluster(name, model_dir, max_steps, partitions, log_steps, stop_above):
     config = tf.estimator.RunConfig(save_checkpoints_steps=100, log_step_count_steps=log_steps)
     estimator = make(name, model_dir, config, partitions)
     x, y, score = rows(4000, seed=config.task_id + 1)
     labels = targets(name, y, score)
-    counter = StepCounter()
+    hooks = [StepCounter()]
+    if stop_above is not None:       # TF 1.x's early stopping: the chief stops all once the evaluator's accuracy is
+        hooks.append(tf.estimator.experimental.stop_if_higher_hook(estimator, "accuracy", stop_above,
+                                                                   run_every_secs=None, run_every_steps=20))
     train = tf.estimator.inputs.numpy_input_fn(x, labels, batch_size=64, num_epochs=None, shuffle=True)
     result, _ = tf.estimator.train_and_evaluate(
-        estimator, tf.estimator.TrainSpec(train, max_steps=max_steps, hooks=[counter]),
+        estimator, tf.estimator.TrainSpec(train, max_steps=max_steps, hooks=hooks),
         tf.estimator.EvalSpec(tf.estimator.inputs.numpy_input_fn(x, labels, batch_size=500, shuffle=False),
                               steps=None, start_delay_secs=0, throttle_secs=1))
     if config.task_type in ("chief", "master", "worker"):
-        print("STEPS %s:%d %d" % (config.task_type, config.task_id, counter.steps), flush=True)
+        print("STEPS %s:%d %d" % (config.task_type, config.task_id, hooks[0].steps), flush=True)
     if config.is_chief:
         print("SERVED " + json.dumps(serve(estimator, name, os.path.join(model_dir, "export"))), flush=True)
     if result is not None:
@@ -184,10 +188,12 @@ def main():
     p.add_argument("--max_steps", type=int, default=400)
     p.add_argument("--partitions", type=int)
     p.add_argument("--log_steps", type=int, default=100)
+    p.add_argument("--stop_above", type=float, help="stop early once the evaluated accuracy is above this")
     p.add_argument("--export", action="store_true")
     args = p.parse_args()
     if os.environ.get("TF_CONFIG"):
-        return on_cluster(args.estimator[0], args.model_dir, args.max_steps, args.partitions, args.log_steps)
+        return on_cluster(args.estimator[0], args.model_dir, args.max_steps, args.partitions, args.log_steps,
+                          args.stop_above)
     for name in args.estimator:
         one_process(name, os.path.join(args.model_dir, name), args.steps, args.export)
 

@@ -26,6 +26,8 @@ stops with one line naming what to use instead; docs/estimator.md lists both.
 - :mod:`.keras`: ``model_to_estimator``; :mod:`.canned`: the canned estimators and heads.
 """
 
+import types
+
 import tensorflow as tf
 
 from ..core.errors import TF1RemovedError
@@ -64,14 +66,13 @@ __all__ = ["Estimator", "EstimatorSpec", "ModeKeys", "RunConfig", "TrainSpec", "
            "SyncReplicasOptimizer", "WarmStartSettings", "VocabInfo", "CheckpointSaverHook", "CheckpointSaverListener", "FeedFnHook", "FinalOpsHook",
            "GlobalStepWaiterHook", "LoggingTensorHook", "NanLossDuringTrainingError", "NanTensorHook",
            "ProfilerHook", "SecondOrStepTimer", "SessionRunArgs", "SessionRunContext", "SessionRunHook",
-           "SessionRunValues", "StepCounterHook", "StopAtStepHook", "SummarySaverHook"]
+           "SessionRunValues", "StepCounterHook", "StopAtStepHook", "SummarySaverHook", "experimental"]
 
 _TREES = ("a DNN or linear canned estimator, or a model_fn of your own (tensorflow-estimator 2.15, where the "
           "canned estimators come from, no longer has boosted trees)")
 #: What TF 1.x's tf.estimator had that is not covered, and what to use instead (docs/estimator.md).
 NOT_COVERED = {
     "BoostedTreesClassifier": _TREES, "BoostedTreesRegressor": _TREES, "BoostedTreesEstimator": _TREES,
-    "experimental": "tf.estimator's stable API (the experimental names are not covered)",
     "tpu": "nothing: TPUs are out of scope for tfcluster",
     "TPUEstimator": "nothing: TPUs are out of scope for tfcluster",
 }
@@ -86,6 +87,25 @@ def _pandas_input_fn(x, y=None, batch_size=128, num_epochs=1, shuffle=None, queu
 
 # Set here, not in .inputs: it loads tensorflow-estimator (.canned), a room above .inputs.
 inputs.pandas_input_fn = _pandas_input_fn
+
+
+class _Experimental(types.ModuleType):
+    """TF 1.x's ``tf.estimator.experimental``: its early-stopping hooks; the rest is refused in one line."""
+
+    def __getattr__(self, name):
+        if name in canned.EXPERIMENTAL:
+            return canned.get(name)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise TF1RemovedError(f"tf.estimator.experimental.{name}", "tf.estimator's stable API (of "
+                              "tf.estimator.experimental only the early-stopping hooks are covered; docs/estimator.md)",
+                              since="2.16")
+
+    def __dir__(self):
+        return sorted(canned.EXPERIMENTAL)
+
+
+experimental = _Experimental("tf.estimator.experimental", _Experimental.__doc__)
 
 
 def __getattr__(name):

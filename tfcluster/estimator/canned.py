@@ -59,6 +59,9 @@ NAMES = {
     "BestExporter": "exporter",
     "pandas_input_fn": "inputs.pandas_io",
 }
+#: The names of TF 1.x's ``tf.estimator.experimental`` that are covered: the early-stopping hooks.
+EXPERIMENTAL = dict.fromkeys(["make_early_stopping_hook", "stop_if_higher_hook", "stop_if_lower_hook",
+                              "stop_if_no_increase_hook", "stop_if_no_decrease_hook"], "early_stopping")
 
 _loaded = {}
 
@@ -150,8 +153,10 @@ def package(own_estimator: bool = False):
         if not own_estimator:
             lib.Estimator = lib.EstimatorV2 = CannedEstimator
             lib.WarmStartSettings = warm_start.WarmStartSettings
-        for module in sorted(set(NAMES.values())):
+        for module in sorted(set(NAMES.values()) | set(EXPERIMENTAL.values())):
             importlib.import_module(f"{_ROOT}.{module}")
+        if not own_estimator:       # its hooks take any Estimator, a model_fn of the user's included
+            sys.modules[f"{_ROOT}.early_stopping"].estimator_lib = types.SimpleNamespace(Estimator=Estimator)
     _loaded.update(estimator=lib, own=own_estimator)
     return lib
 
@@ -202,10 +207,10 @@ def _one_line(cls, name: str):
 
 def get(name: str):
     """TF 1.x's ``tf.estimator.<name>`` from tensorflow-estimator (v1 form), on tfcluster's Estimator."""
-    if name not in NAMES:
+    if name not in NAMES and name not in EXPERIMENTAL:
         raise AttributeError(name)
     _ready()
-    module = importlib.import_module(f"{_ROOT}.{NAMES[name]}")
+    module = importlib.import_module(f"{_ROOT}.{NAMES.get(name) or EXPERIMENTAL[name]}")
     if name == "pandas_input_fn":
         return _pandas_input_fn(module.pandas_input_fn) if getattr(module, "HAS_PANDAS", False) else _without_pandas
     if name not in _loaded:         # one class object per name, as an import gives

@@ -171,7 +171,7 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
         all_hooks += input_position(iterator, model_dir, train_graph.global_step, name,
                                     save_steps=config.save_checkpoints_steps, save_secs=config.save_checkpoints_secs,
                                     keep=(config.keep_checkpoint_max or 3) + 2)
-        session.finalize(all_hooks)
+        session.finalize(all_hooks, device=device_fn(config, cluster, collective))
     with graph.as_default():
         try:
             session.create()
@@ -185,17 +185,24 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
             session.close()
 
 
+def device_fn(config, cluster, collective=None):
+    """Where the model's variables go: the RunConfig's ``device_fn``, else the ps by bytes, else (all-reduce) this
+    worker's own copy."""
+    if collective is not None:
+        return collective.host
+    if config.device_fn is None and cluster is not None and cluster.num_tasks("ps"):
+        return ByteBalancedSetter.for_cluster(cluster)
+    return config.device_fn
+
+
 def _build(estimator, input_fn, cluster, collective=None):
     """The training graph: global step and model on the ps (by bytes), input on this worker's CPU; with
     ``collective``, every variable on this worker's own copy."""
     config = estimator.config
     if config.tf_random_seed is not None:
         tf1.set_random_seed(config.tf_random_seed)
-    setter = config.device_fn
-    if setter is None and cluster is not None and cluster.num_tasks("ps"):
-        setter = ByteBalancedSetter.for_cluster(cluster)
+    setter = device_fn(config, cluster, collective)
     worker_cpu = (cluster.task.device if cluster is not None else "") + "/cpu:0"
-    setter = collective.host if collective is not None else setter
     with tf1.device(setter):
         global_step = tf1.train.get_or_create_global_step()
     features, labels, init_local, iterator = call_input_fn(input_fn, ModeKeys.TRAIN, estimator.params, config,

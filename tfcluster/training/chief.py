@@ -36,12 +36,13 @@ class ChiefStart:
     """The chief's way to a ready session; :meth:`create` says what it did in ``what`` and ``restored_from``."""
 
     def __init__(self, graph, target, config, init_op, ready_op, model_ready_op, local_init_op, saver=None,
-                 checkpoint_dir=None, init_fn=None, init_feed_dict=None, name="chief"):
+                 checkpoint_dir=None, init_fn=None, init_feed_dict=None, name="chief", hooks_init=None):
         self.graph, self.target, self.config = graph, target, config
         self.init_op, self.ready_op, self.model_ready_op = init_op, ready_op, model_ready_op
         self.local_init_op = local_init_op
         self.saver, self.checkpoint_dir = saver, checkpoint_dir
         self.init_fn, self.init_feed_dict, self.name = init_fn, init_feed_dict, name
+        self.hooks_init = hooks_init        # the hooks' own variables, which checkpoints do not hold
         self.what = self.restored_from = None
         self.sessions = 0
 
@@ -56,7 +57,10 @@ class ChiefStart:
         try:
             if self.target and self._model_is_live(session):
                 self.what, self.restored_from = "joined the model the ps tasks hold", None
-            elif not self._restore(session):
+            elif self._restore(session):
+                if self.hooks_init is not None:
+                    session.run(self.hooks_init)
+            else:
                 self._initialise(session)
             session.run(self.local_init_op)
             missing = session.run(self.ready_op)

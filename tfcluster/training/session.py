@@ -16,6 +16,7 @@ false duplicate aborts more frequent (pitfalls item 15, :mod:`tfcluster.core.dup
 """
 
 import atexit
+import contextlib
 import logging
 import threading
 import time
@@ -107,17 +108,27 @@ class TrainingSession:
         self.created_at = None      # wall-clock time the model was ready for this process
         self.restored_from = None
 
-    def finalize(self, hooks=(), freeze: bool = True):
+    def finalize(self, hooks=(), freeze: bool = True, device=None):
         """Add ``hooks`` (after the strategy's), call every hook's ``begin``, build the session's ops, finalize.
 
         ``freeze``: finalize the graph too. tf-keras's loop adds ops as it goes
         (a dataset's iterator, the validation step), so Keras leaves it open.
+        ``device``: where the hooks' own variables go, as the model's did (TF 1.x's
+        Estimator began its hooks under its device function: an early-stopping
+        hook's flag is then on the ps, where every worker reads it). They are
+        not saved: the chief initialises them after a restore.
         """
         tf1 = self.tf.compat.v1
         self.hooks += list(hooks)
         with self.graph.as_default():
-            for hook in self.hooks:
-                hook.begin()
+            before = {id(v) for v in tf1.global_variables()}
+            with tf1.device(device) if device is not None else contextlib.nullcontext():
+                for hook in self.hooks:
+                    hook.begin()
+            # A hook's own variables (an early-stopping flag) are not in the checkpoints the Saver, made before,
+            # writes: a restore must not need them, so the chief initialises them after it.
+            added = [v for v in tf1.global_variables() if id(v) not in before]
+            hooks_init = tf1.variables_initializer(added) if added else None
             self.init_op, self.ready_op, ready_local, self.local_init_op = scaffold_ops(
                 self.train_graph, self.is_chief, self.extra_local_init)
             self._read_step = self.train_graph.global_step.read_value()
@@ -126,7 +137,7 @@ class TrainingSession:
                 graph=self.graph, recovery_wait_secs=self.poll_secs)
             self.chief_start = ChiefStart(
                 self.graph, self.target, self.config, self.init_op, self.ready_op, ready_local, self.local_init_op,
-                self.saver, self.checkpoint_dir, self.init_fn, self.init_feed_dict, self.name)
+                self.saver, self.checkpoint_dir, self.init_fn, self.init_feed_dict, self.name, hooks_init)
         if freeze:
             self.graph.finalize()  # no op may be added per step: a growing graph is a slow leak
 
