@@ -50,19 +50,21 @@ def test_a_canned_model_outlives_a_killed_ps_and_a_sigterm_then_resumes_at_the_s
     at_kill = max(global_steps(run, before=t_kill + 0.5))
     last_save = [int(m.group(1)) for _, m in run.matches(SAVED, before=t_kill)][-1]
     t_lost, _ = run.wait_for(r"\[worker:\d\] .*lost its session", 30, after=t_kill)
-    t_restored, m = run.wait_for(r"\[worker:0\] .*worker:0 restored the model from \S*model\.ckpt-(\d+) \(", 120,
-                                 after=t_kill)
-    assert int(m.group(1)) == last_save
+    t_restored, m = run.wait_for(r"\[worker:0\] .*worker:0 restored the model from \S*model\.ckpt-(\d+) "
+                                 r"\(global step (\d+),", 120, after=t_kill)
+    # The checkpoint named by the step the chief read before saving holds the updates that landed meanwhile.
+    assert int(m.group(1)) == last_save and last_save <= int(m.group(2)) <= at_kill, m.group(0)
+    restored = int(m.group(2))
     # Each worker's first step after it lost its session (worker:1 may step before the chief's line arrives).
     firsts = []
     for task in ("worker:0", "worker:1"):
         t_task, _ = run.wait_for(rf"\[{task}\] .*{task} lost its session", 30, after=t_kill)
         firsts.append(int(run.wait_for(STEP.replace(r"worker:\d", task), 60, after=t_task)[1].group(2)))
     resumed = min(firsts)
-    reliability(f"wide & deep: steps lost to a ps kill at step {at_kill} (saves every 100)", at_kill - last_save, "steps")
+    reliability(f"wide & deep: steps lost to a ps kill at step {at_kill} (saves every 100)", at_kill - restored, "steps")
     reliability("wide & deep: seconds from the ps kill to a worker's lost-session line", t_lost - t_kill, "s")
     reliability("wide & deep: seconds from the ps kill to the restore", t_restored - t_kill, "s")
-    assert last_save < resumed <= last_save + 5, resumed
+    assert restored < resumed <= restored + 2, (restored, resumed)      # both workers may step on it at once
 
     # ---- then SIGTERM to the launcher, as a scheduler stops a job: the chief saves the step it ended
     run.wait_for(STEP, 60, after=t_restored, check=lambda m: int(m.group(2)) >= last_save + rng.randint(20, 60))

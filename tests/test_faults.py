@@ -188,9 +188,9 @@ def test_after_the_ps_restart_the_run_resumes_from_the_last_checkpoint_losing_on
     waited = t_restored - f["ps_kill_t"]
     reliability(f"async: global steps lost to the ps kill (save interval {SAVE})", lost, "steps")
     reliability("async: seconds from the ps kill to the restore", waited, "s")
-    # Async, two workers: the save may hold the other worker's next update, and since each worker's input comes
-    # back with its prefetched batches (input positions), both step at once on the restored model; CI saw the
-    # first logged step 4 past the checkpoint (not understood yet: the lines below say what happened).
+    # Async, two workers: the other worker's updates land while the chief saves, so model.ckpt-N holds a global
+    # step a few past N (the chief's restore line says which: tests/test_canned_faults.py holds it to that); CI
+    # saw the first logged step 4 past the checkpoint's name.
     window = [line for t, line in run.lines if t_restored - 5 <= t <= t_restored + 5
               and re.search(r"global|restored|lost its session|recreat", line)]
     assert restored <= resumed - 1 <= restored + 4, "\n".join(window)

@@ -168,7 +168,13 @@ class TrainingSession:
                 f"{self.name} gave up after {self.startup_timeout:g}s waiting for the chief ({chief}) to "
                 "initialise the model; is it running?") from None
         self.created_at = time.time()
-        log.info("%s %s (%.1fs)", self.name, what, time.monotonic() - start)
+        if self.restored_from is not None and self.is_chief:
+            # Async: other workers' updates land while the chief saves, so a checkpoint named by the step read
+            # before the save holds a later one (TF 1.x's too). Training resumes from the one it holds.
+            log.info("%s %s (global step %d, %.1fs)", self.name, what, self.session.run(self._read_step),
+                     time.monotonic() - start)
+        else:
+            log.info("%s %s (%.1fs)", self.name, what, time.monotonic() - start)
         log.debug("%s %s at t=%.3f", self.name, what, self.created_at)   # for tools that measure start-up
         self.coord = tf.compat.v1.train.Coordinator()
         # Input pipelines of TF 1.x (string_input_producer, shuffle_batch) run on queue runners.
