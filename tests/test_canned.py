@@ -123,9 +123,9 @@ def trained_on_a_cluster(tmp_path, name, tasks, *more):
     """``name`` trained under ``tfcluster local --tf1`` with an evaluator: the run, its steps per worker."""
     from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
     # A baseline (one bias) runs 200 steps in about a second: worker:0 once ran them all before worker:1 joined.
-    steps = "1000" if name.startswith("Baseline") else "200"
+    max_steps = "1000" if name.startswith("Baseline") else "200"
     run = Ran(tmp_path, "canned.py", [*tasks, "--evaluator"],
-              ["--model_dir", str(tmp_path / "model"), "--estimator", name, "--max_steps", steps, *more])
+              ["--model_dir", str(tmp_path / "model"), "--estimator", name, "--max_steps", max_steps, *more])
     assert_clean_exit(run)
     steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
     assert set(steps) == {"worker:0", "worker:1"} and min(steps.values()) > 0, steps     # both trained

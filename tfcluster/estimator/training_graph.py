@@ -165,13 +165,14 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
         os.makedirs(model_dir, exist_ok=True)
     graph = tf1.Graph()
     with graph.as_default():
-        train_graph, spec, init_local, iterator = _build(estimator, input_fn, cluster, collective)
+        setter = device_fn(config, cluster, collective)      # one, for the model and the hooks: it counts bytes
+        train_graph, spec, init_local, iterator = _build(estimator, input_fn, cluster, setter, collective)
         session, all_hooks = _session(estimator, train_graph, spec, init_local, server, cluster, name,
                                       list(hooks or ()), saving_listeners, collective)
         all_hooks += input_position(iterator, model_dir, train_graph.global_step, name,
                                     save_steps=config.save_checkpoints_steps, save_secs=config.save_checkpoints_secs,
                                     keep=(config.keep_checkpoint_max or 3) + 2)
-        session.finalize(all_hooks, device=device_fn(config, cluster, collective))
+        session.finalize(all_hooks, device=setter)
     with graph.as_default():
         try:
             session.create()
@@ -195,13 +196,12 @@ def device_fn(config, cluster, collective=None):
     return config.device_fn
 
 
-def _build(estimator, input_fn, cluster, collective=None):
+def _build(estimator, input_fn, cluster, setter, collective=None):
     """The training graph: global step and model on the ps (by bytes), input on this worker's CPU; with
     ``collective``, every variable on this worker's own copy."""
     config = estimator.config
     if config.tf_random_seed is not None:
         tf1.set_random_seed(config.tf_random_seed)
-    setter = device_fn(config, cluster, collective)
     worker_cpu = (cluster.task.device if cluster is not None else "") + "/cpu:0"
     with tf1.device(setter):
         global_step = tf1.train.get_or_create_global_step()
