@@ -65,7 +65,8 @@ def _open(graph, path, local_init):
         else:
             try:
                 tf1.train.Saver().restore(session, path)
-            except (tf.errors.NotFoundError, tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+            except (tf.errors.NotFoundError, tf.errors.DataLossError, tf.errors.OutOfRangeError,
+                    ValueError) as e:   # ValueError: Saver.restore of a checkpoint whose files were rotated away
                 session.close()
                 raise restore_error(path, e) from None
         session.run(local_init)

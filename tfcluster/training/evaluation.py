@@ -67,7 +67,8 @@ class _EvalGraph:
         try:
             with self.graph.as_default():
                 self.saver.restore(sess, checkpoint_path)
-        except (tf.errors.NotFoundError, tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+        except (tf.errors.NotFoundError, tf.errors.DataLossError, tf.errors.OutOfRangeError,
+                ValueError) as e:   # ValueError: Saver.restore of a checkpoint whose files were rotated away
             sess.close()
             raise restore_error(checkpoint_path, e) from None
         sess.run(self.local_init)
