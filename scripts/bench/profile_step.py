@@ -57,12 +57,6 @@ def input_fn(ctx):
                                                                                drop_remainder=True)
 
 
-def label_bytes(label):
-    """The bytes of a RecvTensor's timeline label: ``[8192B] ...``, ``[1.53MiB] ...``."""
-    m = re.match(r"\[([\d.]+)([KMGT]?)i?B\]", label)
-    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")) if m else 0
-
-
 def _kind(node):
     if node.node_name == "RecvTensor":
         return "RecvTensor"
@@ -88,12 +82,13 @@ class Profile(tfcluster.Hook):
     def after_run(self, run_context, run_values):
         md = run_values.run_metadata
         if md is not None:
+            traffic = tfcluster.step_traffic(md)
+            for where in ("ps", "worker"):
+                self.bytes[where] += int(traffic.received_by(where))
             for dev in md.step_stats.dev_stats:
                 where = "ps" if "/job:ps" in dev.device else "worker"
                 for n in dev.node_stats:
                     self.totals[(where, _kind(n))] += (n.op_end_rel_micros or n.all_end_rel_micros) / 1000.0
-                    if n.node_name == "RecvTensor":
-                        self.bytes[where] += label_bytes(n.timeline_label)
         if self.timed is not None and self.step == a.warmup + 2 * a.traced:
             self.step_ms = (time.time() - self.timed) / (a.traced - 1) * 1000.0
             run_context.request_stop()

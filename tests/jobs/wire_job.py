@@ -6,14 +6,13 @@ tf-keras graph-mode ``Dense`` layer. The wire comes from ``--wire`` or, when
 it is not given, from ``TFCLUSTER_WIRE`` (``tfcluster local --wire``). One
 step, the third, is traced with its partition graphs; each trainer prints
 ``TRANSFERS <json>``: every tensor its step sends between tasks with its dtype,
-and every RecvTensor of the trace with its bytes (:class:`Transfers`). The chief then prints ``RESULT <json>``: its last loss, the
+and every tensor received from another task with its bytes (:class:`Transfers`, tfcluster.step_traffic). The chief then prints ``RESULT <json>``: its last loss, the
 test accuracy of the checkpoint, and the dtype of every variable in it.
 """
 
 import argparse
 import json
 import os
-import re
 import sys
 
 import numpy as np
@@ -31,6 +30,7 @@ import tf_keras  # noqa: E402
 
 import tfcluster  # noqa: E402
 from tfcluster.core.logs import setup_cli_logging  # noqa: E402
+from tfcluster.graph.traffic import task_of  # noqa: E402
 from tfcluster.strategies import ModelOutput, ParameterServerStrategy  # noqa: E402
 
 tf1 = tf.compat.v1
@@ -64,11 +64,6 @@ def test_input_fn(ctx):
     return tf.data.Dataset.from_tensor_slices((X_TEST, Y_TEST)).batch(256)
 
 
-def _task(device):
-    spec = tf.DeviceSpec.from_string(device)
-    return f"{spec.job}:{spec.task}"
-
-
 class Transfers(tfcluster.Hook):
     """Traces one step with its partition graphs; prints what it sent from one task to another.
 
@@ -95,18 +90,11 @@ class Transfers(tfcluster.Hook):
         for graph in md.partition_graphs:
             for n in graph.node:
                 if n.op in ("_Send", "_HostSend"):
-                    src, dst = _task(n.attr["send_device"].s.decode()), _task(n.attr["recv_device"].s.decode())
+                    src, dst = task_of(n.attr["send_device"].s.decode()), task_of(n.attr["recv_device"].s.decode())
                     if src != dst:
                         sends.append(dict(src=src, dst=dst, dtype=tf.as_dtype(n.attr["T"].type).name, name=n.name))
-        received = []
-        for dev in md.step_stats.dev_stats:
-            for n in dev.node_stats:
-                # "[8192B] [...Mb/s] edge_15_<tensor> from <device> ...", or "[1.53MiB] ..."
-                m = re.match(r"\[([\d.]+)([KMGT]?)i?B\].* (edge_\S+) from (\S+)", n.timeline_label)
-                if n.node_name == "RecvTensor" and m:
-                    size = float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
-                    received.append(dict(dst=_task(dev.device), src=_task(m.group(4)), bytes=int(size),
-                                         edge=m.group(3)))
+        received = [dict(dst=t.dst, src=t.src, bytes=t.nbytes, edge=t.tensor)
+                    for t in tfcluster.step_traffic(md).transfers]
         print("TRANSFERS " + json.dumps(dict(sends=sends, received=received)), flush=True)
 
 
