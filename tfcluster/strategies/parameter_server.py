@@ -30,6 +30,7 @@ from ..core.checks import whole_number
 from ..core.errors import SpecError
 from ..graph.placement import (MAX_SHARD_BYTES, ByteBalancedSetter, check_max_shard_bytes, partition_big_variables,
                                partitioning_getter)
+from ..graph.sparse import install as install_distinct_lookups
 from ..graph.step import StepRunner, TrainGraph, global_step_after
 from ..graph.wire import Wire, resolve_wire
 from .base import Strategy, build_single_replica
@@ -125,6 +126,7 @@ class ParameterServerStrategy(Strategy):
         import tensorflow as tf
         tf1 = tf.compat.v1
         self.setter = ByteBalancedSetter.for_cluster(self.cluster)
+        install_distinct_lookups()      # a lookup reads each distinct row once from the ps (graph/sparse.py)
         # The worker's CPU receives the weights and sends the gradients (its towers read from there).
         self.wire = Wire(self.wire.dtype, receiver=self.worker_device + "/device:CPU:0")
         with contextlib.ExitStack() as stack:

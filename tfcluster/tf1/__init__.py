@@ -33,6 +33,7 @@ from ..core import environment
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import TF1RemovedError
 from ..core.logs import quiet_keras_thread_notice, tensorflow_lines_once
+from ..graph.sparse import install as install_distinct_lookups
 from ..topology.taskenv import legacy_keras_available, prepare_this_process
 from ..runtime.server import READY_POLL_SECS
 from ..training.session import THREAD_GRACE_SECS
@@ -197,6 +198,7 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
     if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") not in ("", "0"):
         _quiet_deprecations(deprecation)
     slim.restore_moved_names()
+    install_distinct_lookups()      # replica_device_setter's tables: each distinct row read once (graph/sparse.py)
     modules = _examples_package()
     for name in _MNIST_NAMES[1:]:
         modules[name] = _mnist_module(name)

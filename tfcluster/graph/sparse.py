@@ -1,0 +1,90 @@
+"""Tables on the ps read and updated a row at a time: each touched row crosses the wire once per step.
+
+TensorFlow's ``embedding_lookup`` gathers every id of a batch, duplicates
+included, and its gradient carries one row per id. A click-log batch of 512
+examples over 26 hashed columns asks the ps for 13,312 rows, of which about a
+third are distinct (values follow a Zipf law: a few are in most rows), and
+TF 1.x's optimizers add the duplicates up only on the ps (``apply_gradients``
+colocates ``_deduplicate_indexed_slices`` with the variable). So the bytes on
+the wire grow with the batch, not with the rows it touches.
+
+:func:`install` makes ``embedding_lookup`` (``tf.nn``'s, which tf-keras's
+``Embedding`` calls, and ``tf.compat.v1.nn``'s) look up each distinct id
+once when the table lives on a ps task:
+``tf.unique`` on the worker, TF's own partitioned lookup of the distinct ids
+(each part's gather runs on its ps), then a gather of the rows back to the
+batch's order on the worker. The gradient follows the same path backwards: the
+gather's gradient sums the duplicates on the worker, and each part receives one
+row per distinct id it holds. Tables anywhere else (one process, the worker's
+own devices) are looked up by TF's code unchanged; so are ragged and sparse ids.
+``embedding_lookup_sparse`` and the feature columns' lookups already look up
+distinct ids (TF's own ``unique``).
+
+TensorFlow is imported lazily, so importing this module stays cheap.
+"""
+
+import functools
+
+_installed = False
+
+
+def _variables(params) -> list:
+    """The variables (or tensors) of ``params``: a PartitionedVariable, a list of parts, or one."""
+    if isinstance(params, (list, tuple)):
+        return list(params)
+    try:
+        return list(params) if type(params).__name__ == "PartitionedVariable" else [params]
+    except TypeError:
+        return [params]
+
+
+def on_ps(params) -> bool:
+    """True when any part of ``params`` is placed on a ps task (its reads cross the wire)."""
+    import tensorflow as tf
+    for p in _variables(params):
+        device = getattr(p, "device", "") or ""
+        if tf.DeviceSpec.from_string(device).job == "ps":
+            return True
+    return False
+
+
+def distinct_lookup(lookup):
+    """``lookup`` (TF's ``embedding_lookup``) reading each distinct id once from tables on a ps."""
+    @functools.wraps(lookup)
+    def embedding_lookup(params, ids, partition_strategy="mod", name=None, validate_indices=True, max_norm=None):
+        import tensorflow as tf
+        if not on_ps(params) or isinstance(ids, (tf.SparseTensor, tf.RaggedTensor, tf.compat.v1.SparseTensorValue)):
+            return lookup(params, ids, partition_strategy, name, validate_indices, max_norm)
+        with tf.compat.v1.name_scope(name, "embedding_lookup"):
+            ids = tf.convert_to_tensor(ids)
+            distinct, position = tf.unique(tf.reshape(ids, [-1]))
+            rows = lookup(params, distinct, partition_strategy, None, validate_indices, max_norm)
+            gathered = tf.gather(rows, position)
+            out = tf.reshape(gathered, tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
+            out.set_shape(ids.shape.concatenate(rows.shape[1:]))
+            return out
+    embedding_lookup.__wrapped__ = lookup
+    return embedding_lookup
+
+
+def original_lookup():
+    """TF's own ``embedding_lookup`` (as it was before :func:`install`)."""
+    from tensorflow.python.ops import embedding_ops
+    return getattr(embedding_ops.embedding_lookup, "__wrapped__", embedding_ops.embedding_lookup) \
+        if _installed else embedding_ops.embedding_lookup
+
+
+def install():
+    """Make ``embedding_lookup`` read each distinct id once from tables on a ps (idempotent, per process)."""
+    global _installed
+    if _installed:
+        return
+    import tensorflow as tf
+    from tensorflow.python.ops import embedding_ops
+    original = embedding_ops.embedding_lookup
+    patched = distinct_lookup(original)
+    # embedding_lookup_v2 (tf.nn, tf-keras's Embedding) calls the module's name; tf.compat.v1.nn holds its own.
+    embedding_ops.embedding_lookup = patched
+    if tf.compat.v1.nn.embedding_lookup is original:
+        tf.compat.v1.nn.embedding_lookup = patched
+    _installed = True
