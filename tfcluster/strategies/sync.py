@@ -27,6 +27,49 @@ from ..graph.placement import SYNC_STATE_COLLECTION
 from ..graph.step import init_if_needed
 
 
+def gradient_slots(make, g, v, trainers: int) -> list:
+    """Each worker's slot for the gradient ``g`` of ``v``: a tensor of its shape, or a table's (rows, indices).
+
+    A table's gradient (IndexedSlices) stays sparse: the slot holds the rows
+    this worker touched and their indices, of any number, so a step sends and
+    keeps only those rows, never a dense table-sized tensor (graph/sparse.py).
+    ``make(name, initial, colocate=, shape=)`` makes one state variable.
+    """
+    import tensorflow as tf
+    shape, dtype = v.shape, v.dtype.base_dtype
+    if not isinstance(g, tf.IndexedSlices):
+        return [make(f"{v.op.name}/grad_{i}", lambda: tf.zeros(shape, dtype), colocate=v) for i in range(trainers)]
+    rows = tf.TensorShape([None]).concatenate(shape[1:])
+    return [(make(f"{v.op.name}/grad_{i}/values", lambda: tf.zeros([0] + shape[1:].as_list(), dtype), colocate=v,
+                  shape=rows),
+             make(f"{v.op.name}/grad_{i}/indices", lambda: tf.zeros([0], g.indices.dtype), colocate=v,
+                  shape=tf.TensorShape([None])))
+            for i in range(trainers)]
+
+
+def arrived_rows(hits, arrived, slots, dense_shape, dtype, to_aggregate: int, average: bool):
+    """The rows of a table's slots whose worker pushed for this step, one after another, scaled as
+    :meth:`SyncGraph._aggregated` scales a dense sum (the optimizer adds up equal indices on the ps)."""
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    everyone = to_aggregate == len(slots)
+    values, indices = [], []
+    for h, (v, i) in zip(hits, slots):
+        if everyone:
+            values.append(v.read_value())
+            indices.append(i.read_value())
+            continue
+        # A worker that did not push for this step adds no rows (zeros would still move Adam's slots).
+        values.append(tf1.cond(h, v.read_value, lambda v=v: v.read_value()[:0]))
+        indices.append(tf1.cond(h, i.read_value, lambda i=i: i.read_value()[:0]))
+    total = tf.concat(values, 0)
+    if average:
+        total = total / float(len(slots)) if everyone else total / tf.cast(arrived, dtype)
+    elif not everyone:
+        total = total * (tf.cast(to_aggregate, dtype) / tf.cast(arrived, dtype))
+    return tf.IndexedSlices(total, tf.concat(indices, 0), dense_shape)
+
+
 class SyncGraph:
     """The graph of a sync step: slots, stamps and queues on the ps, and the ops each role runs.
 
@@ -61,13 +104,13 @@ class SyncGraph:
         self._build_state()
 
     # ---------------------------------------------------------------- state
-    def _state_var(self, name, initial, device=None, colocate=None):
+    def _state_var(self, name, initial, device=None, colocate=None, shape=None):
         tf1 = self.tf1
         # The graph's own colocate_with is tf1.colocate_with without its deprecation warning, printed by
         # every worker (same placement: it is what tf1.colocate_with calls in graph mode).
         ctx = tf1.get_default_graph().colocate_with(colocate) if colocate is not None else tf1.device(device)
         with ctx:
-            v = tf1.Variable(initial(), trainable=False, use_resource=True, name=name,
+            v = tf1.Variable(initial(), trainable=False, use_resource=True, name=name, shape=shape,
                              collections=[SYNC_STATE_COLLECTION])
         self.state.append((v, initial))
         return v
@@ -86,12 +129,7 @@ class SyncGraph:
                                               shared_name="tfcluster_sync_arrivals", name="arrivals")
                 self.wakeups = [tf1.FIFOQueue(2, [tf.int64], shapes=[[]], shared_name=f"tfcluster_sync_wakeup_{i}",
                                               name=f"wakeup_{i}") for i in range(self.num_trainers)]
-            self.slots = []
-            for _, v in self.grads:
-                shape, dtype = v.shape, v.dtype.base_dtype
-                self.slots.append([self._state_var(f"{v.op.name}/grad_{i}",
-                                                   lambda shape=shape, dtype=dtype: tf.zeros(shape, dtype),
-                                                   colocate=v) for i in range(self.num_trainers)])
+            self.slots = [gradient_slots(self._state_var, g, v, self.num_trainers) for g, v in self.grads]
             with tf1.device(self.worker):
                 # Initialised to 0, then to the global step by local_step_init (after the model is ready: a
                 # local init that read the ps would fail on a worker whose chief has not initialised it yet).
@@ -120,10 +158,12 @@ class SyncGraph:
             step = self.local_step.read_value()
             writes = [self.last_loss.assign(self.loss, read_value=False)]
         for (g, v), slots in zip(self.grads, self.slots):
-            if isinstance(g, tf.IndexedSlices):
-                g = tf.convert_to_tensor(g)
             with tf1.get_default_graph().colocate_with(v):
-                writes.append(slots[self.index].assign(g, read_value=False))
+                if isinstance(g, tf.IndexedSlices):
+                    values, indices = slots[self.index]
+                    writes += [values.assign(g.values, read_value=False), indices.assign(g.indices, read_value=False)]
+                else:
+                    writes.append(slots[self.index].assign(g, read_value=False))
         with tf1.device(self.coord), tf.control_dependencies(writes):
             stamped = self.stamps[self.index].assign(step, read_value=False)
         with tf1.device(self.worker), tf.control_dependencies([stamped]):
@@ -207,9 +247,13 @@ class SyncGraph:
     def _aggregated(self, hits, arrived):
         tf, tf1 = self.tf, self.tf1
         out = []
-        for (_, v), slots in zip(self.grads, self.slots):
+        for (g, v), slots in zip(self.grads, self.slots):
             dtype = v.dtype.base_dtype
             with tf1.get_default_graph().colocate_with(v):
+                if isinstance(g, tf.IndexedSlices):
+                    shape = g.dense_shape if g.dense_shape is not None else tf.constant(v.shape.as_list())
+                    out.append((arrived_rows(hits, arrived, slots, shape, dtype, self.to_aggregate, self.average), v))
+                    continue
                 if self.to_aggregate == self.num_trainers:
                     # No backups: the check holds only when every slot carries this step, so the masks
                     # are all 1; two passes over each gradient saved.
