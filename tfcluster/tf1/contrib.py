@@ -14,6 +14,7 @@ import types
 
 from ..core.errors import TF1RemovedError
 from ..estimator import canned
+from ..graph.lazy_adam import lazy_adam_optimizer
 from . import distribute, slim
 
 #: Where to look for the TF 2 replacement of a name this module does not map.
@@ -38,7 +39,7 @@ HINTS = {
     "tf.contrib.learn": "tf.estimator (TF1 mode has it: Estimator, train_and_evaluate) or tfcluster.fit",
     "tf.contrib.training.HParams": "a dict, argparse.Namespace or types.SimpleNamespace",
     "tf.contrib.training": "tf.data input pipelines and tf.train hooks",
-    "tf.contrib.opt": "the tf.train optimizers (tf.compat.v1.train.*Optimizer)",
+    "tf.contrib.opt": "the tf.train optimizers (tf.compat.v1.train.*Optimizer); LazyAdamOptimizer is covered",
     "tf.contrib.seq2seq": "tf.nn.dynamic_rnn with your own decoder (tensorflow-addons is archived)",
     "tf.contrib.distributions": "the tensorflow-probability package",
     "tf.contrib.distribute": "MirroredStrategy, ParameterServerStrategy, CollectiveAllReduceStrategy, "
@@ -217,6 +218,7 @@ def build(v1, read_data_sets_module) -> ContribModule:
         "learn": ContribModule("tf.contrib.learn.python.learn", {
             "datasets": ContribModule("tf.contrib.learn.python.learn.datasets", {"mnist": mnist})})})
     _LAZY["tf.contrib.rnn"] = _rnn_lazy(v1)
+    _LAZY["tf.contrib.opt"] = {"LazyAdamOptimizer": lazy_adam_optimizer}
     subs = {
         "framework": ContribModule("tf.contrib.framework", _framework(v1)),
         "layers": ContribModule("tf.contrib.layers", {}),        # every name from tf-slim (slim.py)
@@ -229,6 +231,7 @@ def build(v1, read_data_sets_module) -> ContribModule:
         "distribute": ContribModule("tf.contrib.distribute", distribute.members()),
         # TF 1.x's v1 heads, for DNNEstimator and kin (tensorflow-estimator's, estimator/canned.py).
         "estimator": ContribModule("tf.contrib.estimator", dict(canned.CONTRIB_HEADS)),
+        "opt": ContribModule("tf.contrib.opt", {}),
     }
     root = ContribModule("tf.contrib", subs)
     _LAZY["tf.contrib"] = {"keras": lambda: v1.keras, "slim": slim.module}
