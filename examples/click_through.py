@@ -62,16 +62,21 @@ def main():
     config = tf.estimator.RunConfig(save_checkpoints_steps=500, tf_random_seed=0)
     trainers = max(config.num_worker_replicas, 1)
     data_dir = args.data_dir or os.path.abspath(args.model_dir).rstrip("/") + "_data"
-    train, evaluation = clicklog.write_all(data_dir, args.examples, trainers, 20_000)
+    # Each task makes only the file it reads: trainer i its shard, the evaluator (or one process) the eval file.
+    one_process = not config.cluster_spec.jobs
+    train = evaluation = None
+    if config.task_type in ("chief", "master", "worker"):
+        train = clicklog.write_train(data_dir, config.global_id_in_cluster, trainers, args.examples)
+    if config.task_type == "evaluator" or one_process:
+        evaluation = clicklog.write_eval(data_dir, 20_000)
 
     wide, deep = feature_columns(args.buckets)
     partitioner = tf.fixed_size_partitioner(max(config.num_ps_replicas, 1))
     model = tf.estimator.DNNLinearCombinedClassifier(
         model_dir=args.model_dir, linear_feature_columns=wide, dnn_feature_columns=deep,
         dnn_hidden_units=[256, 128], input_layer_partitioner=partitioner, config=config)
-    index = config.global_id_in_cluster if config.task_type in ("chief", "master", "worker") else 0
     result, _ = tf.estimator.train_and_evaluate(
-        model, tf.estimator.TrainSpec(input_fn([train[index]], args.batch_size, True, None), max_steps=args.train_steps),
+        model, tf.estimator.TrainSpec(input_fn([train], args.batch_size, True, None), max_steps=args.train_steps),
         tf.estimator.EvalSpec(input_fn([evaluation], 2000, False, 1), steps=None, start_delay_secs=0, throttle_secs=10))
     if result is not None:
         print("click-through at step %d: auc %.4f, accuracy %.4f (baseline %.4f)" % (

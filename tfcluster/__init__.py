@@ -28,6 +28,7 @@ _LAZY = {
     "ByteBalancedSetter": "graph.placement", "placement_report": "graph.placement",
     "PlacementReport": "graph.placement", "device_setter": "graph.placement",
     "partition_big_variables": "graph.placement",
+    "TrafficHook": "graph.traffic", "step_traffic": "graph.traffic",
 }
 
 
