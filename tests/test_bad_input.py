@@ -55,6 +55,15 @@ def world(tmp_path, procs):
                                        "evaluator": [f"localhost:{free[1]}", f"localhost:{free[2]}"]}),
         "train.py": "print('training')\n",
         "crash.py": "import no_such_module_xyz\n",
+        # TF 1.x table code (TF1 mode): a hash bucket count below 1, more parts than rows, an id past its column.
+        "hash.py": "import tensorflow as tf\ncolumn = tf.feature_column.categorical_column_with_hash_bucket('c', -5)\n",
+        "parts.py": "import tensorflow as tf\nwith tf.variable_scope('s', partitioner=lambda shape, dtype: [5, 1]):\n"
+                    "    tf.get_variable('table', [3, 4])\n",
+        "identity.py": "import numpy as np\nimport tensorflow as tf\n"
+                       "column = tf.feature_column.categorical_column_with_identity('id', num_buckets=10)\n"
+                       "data = ({'id': np.array([[1], [12], [3]])}, np.array([0, 1, 0]))\n"
+                       "model = tf.estimator.LinearClassifier([column], model_dir='model')\n"
+                       "model.train(lambda: tf.data.Dataset.from_tensor_slices(data).repeat().batch(3), steps=3)\n",
         "blocker": "a file where a directory is expected\n",
     }
     for name, text in files.items():
@@ -118,6 +127,15 @@ CATALOGUE = [
      ["worker:0 exited with code 2",
       "(cannot write checkpoint dir {tmp}/blocker/ckpt: Not a directory)",
       "see its log: {tmp}/logs/worker-0.log"], 2, 90),
+    ("hash bucket count below 1", RUN, "local --tf1 --ps 0 --workers 1 --log-dir {tmp}/logs -- {py} hash.py",
+     ["worker:0 exited with code 2", "hash.py:2: hash_bucket_size must be at least 1. hash_bucket_size: -5"], 2, 60),
+    ("partitioner asking for more parts than rows", RUN,
+     "local --tf1 --ps 0 --workers 1 --log-dir {tmp}/logs -- {py} parts.py",
+     ["worker:0 exited with code 2", "a partitioner asked for 5 parts along axis 0 of a variable of shape [3, 4]"],
+     2, 60),
+    ("id outside its identity column", RUN, "local --tf1 --ps 0 --workers 1 --log-dir {tmp}/logs -- {py} identity.py",
+     ["worker:0 exited with code 2", "a training step failed on its input", "id/weighted_sum",
+      "indices[1] == 12 out of range"], 2, 90),
     ("unreachable ps host", RUN,
      "start --ps 192.0.2.1:{free2} --worker localhost:{free} --job worker --task 0 --timeout 3",
      ["gave up after 3s waiting for /job:ps/task:0 at 192.0.2.1:{free2}"], 3, 60),
@@ -132,7 +150,8 @@ ENVIRONMENTS = {
                                   "task": {"type": "worker", "index": 3}})},
 }
 # Rows whose command loads TensorFlow: several seconds each on a loaded machine.
-SLOW = {"checkpoint dir that cannot be made", "unreachable ps host", "unresolvable ps host"}
+SLOW = {"checkpoint dir that cannot be made", "unreachable ps host", "unresolvable ps host", "hash bucket count below 1",
+        "partitioner asking for more parts than rows", "id outside its identity column"}
 
 
 def run_tfcluster(argv, cwd, env, bound):

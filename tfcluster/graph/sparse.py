@@ -18,12 +18,15 @@ gather's gradient sums the duplicates on the worker, and each part receives one
 row per distinct id it holds. Tables anywhere else (one process, the worker's
 own devices) are looked up by TF's code unchanged; so are ragged and sparse ids.
 ``embedding_lookup_sparse`` and the feature columns' lookups already look up
-distinct ids (TF's own ``unique``).
+distinct ids (TF's own ``unique``). A partitioner that asks for more parts than
+a table has rows fails in one line (:func:`checked_partitioner_call`).
 
 TensorFlow is imported lazily, so importing this module stays cheap.
 """
 
 import functools
+
+from ..core.errors import SpecError
 
 _installed = False
 
@@ -74,13 +77,35 @@ def original_lookup():
         if _installed else embedding_ops.embedding_lookup
 
 
+def checked_partitioner_call(call):
+    """TF's ``_call_partitioner`` refusing, in one line, more parts than the split axis has rows.
+
+    TF's own check comes later, deep in the variable store, as ``Expected 0 <=
+    offset < shape but found offset=3, shape=3 for var_offset=[3, 0]``.
+    """
+    @functools.wraps(call)
+    def _call_partitioner(partitioner, shape, dtype):
+        slicing = call(partitioner, shape, dtype)
+        dims = shape.as_list()
+        for axis, parts in enumerate(slicing):
+            if parts > dims[axis]:
+                raise SpecError(f"a partitioner asked for {parts} parts along axis {axis} of a variable of shape "
+                                f"{dims}, whose axis {axis} has only {dims[axis]}: ask for at most {dims[axis]} (TF's "
+                                "fixed_size_partitioner and tfcluster's own never ask for more)")
+        return slicing
+    _call_partitioner.__wrapped__ = call
+    return _call_partitioner
+
+
 def install():
-    """Make ``embedding_lookup`` read each distinct id once from tables on a ps (idempotent, per process)."""
+    """Make ``embedding_lookup`` read each distinct id once from tables on a ps, and partitioners that ask for
+    more parts than rows fail in one line (idempotent, per process)."""
     global _installed
     if _installed:
         return
     import tensorflow as tf
-    from tensorflow.python.ops import embedding_ops
+    from tensorflow.python.ops import embedding_ops, variable_scope
+    variable_scope._call_partitioner = checked_partitioner_call(variable_scope._call_partitioner)
     original = embedding_ops.embedding_lookup
     patched = distinct_lookup(original)
     # embedding_lookup_v2 (tf.nn, tf-keras's Embedding) calls the module's name; tf.compat.v1.nn holds its own.

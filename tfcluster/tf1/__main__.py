@@ -45,8 +45,32 @@ def _one_line_cause(error):
             symbol = str(error).split("`")[1] if str(error).count("`") >= 2 else "this layer"
             return (f"tf.layers ({symbol}) needs the tf-keras package on TF 2.21 (Keras 3 has no graph-mode "
                     f"layers): pip install tf-keras==2.21.0"), EXIT_USAGE
+        if isinstance(error, ValueError) and _raised_in(error, _FEATURE_COLUMNS):
+            # TF's feature columns check their arguments (a bucket count below 1, a dimension of 0) as the
+            # script builds them: the script's line and TF's message say it all.
+            return f"{_script_line(error)}{error}", EXIT_USAGE
         error = error.__cause__ or error.__context__
     return None
+
+
+#: Where TF's feature columns live: their argument checks become one line naming the script's line.
+_FEATURE_COLUMNS = os.path.join("tensorflow", "python", "feature_column") + os.sep
+
+
+def _raised_in(error, where: str) -> bool:
+    """True when ``error`` was raised inside a file whose path contains ``where``."""
+    import traceback
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and where in frames[-1].filename
+
+
+def _script_line(error) -> str:
+    """``train.py:12: `` for the script's own innermost frame of ``error`` (empty if none)."""
+    import traceback
+    mine = [f for f in traceback.extract_tb(error.__traceback__)
+            if "site-packages" not in f.filename and os.sep + "tfcluster" + os.sep not in f.filename
+            and not f.filename.startswith("<")]
+    return f"{os.path.basename(mine[-1].filename)}:{mine[-1].lineno}: " if mine else ""
 
 
 def main(argv=None) -> int:
