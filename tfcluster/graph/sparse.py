@@ -33,12 +33,9 @@ _installed = False
 
 def _variables(params) -> list:
     """The variables (or tensors) of ``params``: a PartitionedVariable, a list of parts, or one."""
-    if isinstance(params, (list, tuple)):
+    if isinstance(params, (list, tuple)) or type(params).__name__ == "PartitionedVariable":
         return list(params)
-    try:
-        return list(params) if type(params).__name__ == "PartitionedVariable" else [params]
-    except TypeError:
-        return [params]
+    return [params]
 
 
 def on_ps(params) -> bool:
