@@ -86,6 +86,69 @@ def test_a_distinct_lookup_gives_tf_s_rows_and_gradients_and_sums_duplicates_bef
     assert sum(len(g.indices) for g in got[2][0]) == 6 and sum(len(g.indices) for g in got[2][1]) == 3
 
 
+def _by_id(parts, strategy):
+    """A table's rows in id order, from its parts' values (in part order) as ``strategy`` looks them up."""
+    if strategy == "div" or len(parts) == 1:
+        return np.concatenate(parts)
+    rows = sum(len(p) for p in parts)
+    return np.stack([parts[i % len(parts)][i // len(parts)] for i in range(rows)])
+
+
+def _table_phase(directory, parts, strategy, save=None, restore=None, meta=True):
+    """One program's run on an 11 x 3 table in ``parts`` parts looked up by ``strategy``: restore ``restore`` or
+    initialise, train a step if it will ``save``, save; the table's and its Adagrad slot's rows in id order."""
+    import tensorflow as tf
+    from tfcluster.graph import sparse
+    tf1 = tf.compat.v1
+    graph, session = _graph_session()
+    with graph.as_default():
+        with tf1.variable_scope("ctr", partitioner=tf1.fixed_size_partitioner(parts) if parts > 1 else None):
+            table = tf1.get_variable("table", [11, 3], initializer=tf1.random_uniform_initializer(seed=parts))
+        ids = tf.constant([[1, 4, 9], [10, 0, 4]], tf.int64)
+        rows = sparse.distinct_lookup(sparse.original_lookup())(table, ids, partition_strategy=strategy)
+        optimizer = tf1.train.AdagradOptimizer(0.5)
+        train = optimizer.minimize(tf.reduce_sum(rows * rows))
+        pieces = list(table) if parts > 1 else [table]
+        slots = [optimizer.get_slot(v, "accumulator") for v in pieces]
+        saver = tf1.train.Saver()
+        with session:
+            session.run(tf1.global_variables_initializer())
+            if restore:
+                saver.restore(session, os.path.join(directory, restore))
+            if save:
+                session.run(train)
+                saver.save(session, os.path.join(directory, save), write_meta_graph=meta)
+            return [_by_id(session.run(v), strategy) for v in (pieces, slots)]
+
+
+@pytest.mark.timeout(120)
+def test_a_mod_table_restores_by_id_into_any_part_count_with_its_optimizer_slots(tmp_path, monkeypatch, caplog):
+    """TF 1.x's default lookup ("mod") puts id i in part i % parts: restored into another count, each id keeps
+    its own row and slot (the saved split is recorded beside the checkpoint, or read from its .meta)."""
+    from tensorflow.python.training import saver as saver_module
+    from tfcluster.graph import repartition
+    monkeypatch.setattr(saver_module.Saver, "save", saver_module.Saver.save)      # put back after the test
+    monkeypatch.setattr(saver_module.Saver, "restore", saver_module.Saver.restore)
+    monkeypatch.setattr(repartition, "_installed", False)
+    # Saved by TF's own Saver before tfcluster's is installed: with its .meta graph, and without.
+    foreign = _table_phase(tmp_path, 2, "mod", save="tf1.ckpt")
+    _table_phase(tmp_path, 2, "mod", save="bare.ckpt", meta=False)
+    repartition.install()
+    saved = _table_phase(tmp_path, 2, "mod", save="model.ckpt")
+    assert json.loads((tmp_path / repartition.RECORD).read_text())["checkpoints"]["model.ckpt"]["ctr/table"] == \
+        {"parts": [[0, 6], [6, 5]], "lookup": "mod"}
+    for parts, strategy in ((3, "mod"), (1, "mod"), (3, "div"), (2, "mod")):
+        got = _table_phase(tmp_path, parts, strategy, restore="model.ckpt")
+        for want, have in zip(saved, got):
+            np.testing.assert_array_equal(have, want, err_msg=f"restored into {parts} parts, {strategy}")
+    assert not np.allclose(saved[1], 0.1)                               # the slots trained too
+    for want, have in zip(foreign, _table_phase(tmp_path, 3, "mod", restore="tf1.ckpt")):
+        np.testing.assert_array_equal(have, want)                       # TF 1.x's checkpoint, through its .meta
+    with caplog.at_level("WARNING", logger="tfcluster"):
+        _table_phase(tmp_path, 3, "mod", restore="bare.ckpt")           # nothing says how: as TF 1.x would
+    assert "does not say how its tables were split" in caplog.text
+
+
 def test_lazy_adam_moves_only_the_rows_a_step_touched_where_adam_moves_every_row_it_ever_saw():
     import tensorflow as tf
     from tfcluster.graph.lazy_adam import lazy_adam_optimizer
@@ -198,7 +261,9 @@ def _json_lines(marker, out):
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_a_table_saved_in_two_parts_restores_on_three_ps_on_one_ps_and_in_one_process_predicting_the_same(tmp_path):
+def test_a_tf1_table_saved_in_two_parts_restores_on_three_ps_on_one_ps_and_in_one_process_predicting_the_same(
+        tmp_path):
+    """TF 1.x's program as written: fixed_size_partitioner(num_ps) and the default ("mod") lookup."""
     script = os.path.join(REPO, "tests", "legacy", "ctr_repartition.py")
     checkpoints = tmp_path / "checkpoints"
     runs = []

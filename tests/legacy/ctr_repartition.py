@@ -18,6 +18,7 @@ import tensorflow as tf
 p = argparse.ArgumentParser()
 p.add_argument("--checkpoint_dir", required=True)
 p.add_argument("--steps", type=int, default=30)
+p.add_argument("--partition_strategy", choices=["mod", "div"])
 args = p.parse_args()
 ROWS, DIM, COLUMNS = 30000, 8, 26
 
@@ -41,9 +42,10 @@ with tf.device(device_fn):
     labels = tf.placeholder(tf.float32, [None, 1])
     with tf.variable_scope("ctr", partitioner=tf.fixed_size_partitioner(max(num_ps, 1))):
         table = tf.get_variable("table", [ROWS, DIM], initializer=tf.random_uniform_initializer(-0.1, 0.1))
-    # "div": id i is row i of the whole table however it is split (TF 2's tf.nn.embedding_lookup and the feature
-    # columns look up this way; v1's default "mod" puts id i in part i % num_parts, which moves with the count).
-    rows = tf.nn.embedding_lookup(table, ids, partition_strategy="div")
+    # TF 1.x's default lookup, "mod" unless --partition_strategy says otherwise: id i is row i // num_parts of part
+    # i % num_parts, so its row in the checkpoint moves with the count ("div": id i is row i, whatever the split).
+    rows = tf.nn.embedding_lookup(table, ids, **({"partition_strategy": args.partition_strategy}
+                                                 if args.partition_strategy else {}))
     hidden = tf.layers.dense(tf.reshape(rows, [-1, COLUMNS * DIM]), 16, tf.nn.relu)
     logits = tf.layers.dense(hidden, 1)
     predictions = tf.sigmoid(logits)

@@ -19,7 +19,9 @@ row per distinct id it holds. Tables anywhere else (one process, the worker's
 own devices) are looked up by TF's code unchanged; so are ragged and sparse ids.
 ``embedding_lookup_sparse`` and the feature columns' lookups already look up
 distinct ids (TF's own ``unique``). A partitioner that asks for more parts than
-a table has rows fails in one line (:func:`checked_partitioner_call`).
+a table has rows fails in one line (:func:`checked_partitioner_call`). Tables
+looked up with ``"mod"`` are noted, so that a checkpoint restores their rows
+by id into another part count (graph/repartition.py).
 
 TensorFlow is imported lazily, so importing this module stays cheap.
 """
@@ -27,6 +29,7 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 import functools
 
 from ..core.errors import SpecError
+from . import repartition
 
 _installed = False
 
@@ -53,6 +56,7 @@ def distinct_lookup(lookup):
     @functools.wraps(lookup)
     def embedding_lookup(params, ids, partition_strategy="mod", name=None, validate_indices=True, max_norm=None):
         import tensorflow as tf
+        repartition.record_lookup(params, partition_strategy)     # its rows restore by id into any split
         if not on_ps(params) or isinstance(ids, (tf.SparseTensor, tf.RaggedTensor, tf.compat.v1.SparseTensorValue)):
             return lookup(params, ids, partition_strategy, name, validate_indices, max_norm)
         with tf.compat.v1.name_scope(name, "embedding_lookup"):
@@ -95,14 +99,15 @@ def checked_partitioner_call(call):
 
 
 def install():
-    """Make ``embedding_lookup`` read each distinct id once from tables on a ps, and partitioners that ask for
-    more parts than rows fail in one line (idempotent, per process)."""
+    """Make ``embedding_lookup`` read each distinct id once from tables on a ps, partitioners that ask for more
+    parts than rows fail in one line, and "mod" tables restore by id (idempotent, per process)."""
     global _installed
     if _installed:
         return
     import tensorflow as tf
     from tensorflow.python.ops import embedding_ops, variable_scope
     variable_scope._call_partitioner = checked_partitioner_call(variable_scope._call_partitioner)
+    repartition.install()
     original = embedding_ops.embedding_lookup
     patched = distinct_lookup(original)
     # embedding_lookup_v2 (tf.nn, tf-keras's Embedding) calls the module's name; tf.compat.v1.nn holds its own.
