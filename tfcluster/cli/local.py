@@ -41,6 +41,11 @@ the launcher has, else nvidia-smi -L) split evenly; a ps gets none. Thread pools
 cores: each ps gets 1, the trainers split the rest; --threads-per-task N gives
 every task N, 0 leaves TensorFlow's defaults. One line says who got what.
 
+Memory: --ps-memory SIZE (1500M, 1.5G) runs each ps in a memory cgroup of its own,
+made below the launcher's (cgroup v1 or v2, whichever has the memory controller;
+it needs root). A ps the kernel kills for memory is named in one line with its
+limit, its peak and the state each ps held; the run ends with 137 (docs/memory.md).
+
 Every option can also come from an environment variable {prefix}<OPTION>, for
 wrapper scripts under Slurm or Kubernetes: {workers}=2,
 {max_restarts}=1, {no_isolate}=1 (switches take 1 or 0). The
@@ -77,7 +82,8 @@ tfcluster local [--ps N] [--workers M] [--chief] [--evaluator] [--legacy-flags[=
                        [--log-dir DIR] [--timeout S] [--max-restarts K] [--evaluator-grace S]
                        [--host H] [--cluster FILE | --ports P,...] [--join-grace S] [--stop-grace S] [--tf1]
                        [--strategy NAME] [--wire TYPE] [--gpus-per-worker N] [--threads-per-task N]
-                       [--timestamps] [--run-id ID] [--no-isolate | --require-isolation] [--verbose]
+                       [--ps-memory SIZE] [--timestamps] [--run-id ID] [--no-isolate | --require-isolation]
+                       [--verbose]
                        [--] COMMAND [ARGS ...]"""
 
 
@@ -129,6 +135,9 @@ def add_parser(sub):
     lo.add_argument("--threads-per-task", type=int, metavar="N",
                     help="thread pools of every task (default: the cores split among the trainers, 1 per ps; "
                          "0: TensorFlow's defaults)")
+    lo.add_argument("--ps-memory", metavar="SIZE",
+                    help="memory limit of each ps task, e.g. 1500M or 1.5G (powers of 1024): each ps runs in a "
+                         "memory cgroup of its own (needs root); one killed for memory is named as such")
     lo.add_argument("--timestamps", action="store_true", help="start every line shown with the time it arrived")
     lo.add_argument("--run-id", metavar="ID",
                     help=f"this run's id, in every task's {environment.RUN_ID} (default: Slurm's job id, else a "
@@ -155,7 +164,7 @@ def launch_config(args):
         stop_grace=args.stop_grace,
         isolate=not args.no_isolate, require_isolation=args.require_isolation, subreaper=True, env=extra_environment(args),
         gpus_per_worker=args.gpus_per_worker, threads_per_task=args.threads_per_task, timestamps=args.timestamps,
-        run_id=args.run_id)
+        run_id=args.run_id, ps_memory=args.ps_memory)
 
 
 def _explicit_cluster(args):

@@ -47,6 +47,9 @@ RUN_ID = Variable("TFCLUSTER_RUN_ID", "tfcluster local (one per launch, kept acr
                   "the run's, so a restarted task resumes it and another run starts afresh")
 RESTART_COUNT = Variable("TFCLUSTER_RESTART_COUNT", "tfcluster local",
                          "how often the launcher restarted this task (0 at first); set only under the launcher")
+PS_STATE_RECORD = Variable("TFCLUSTER_PS_STATE_RECORD", "tfcluster local, for every task",
+                          "a file in which the chief of a fit writes the bytes of variables (optimizer slots "
+                          "included) placed on each ps task, as JSON, for the launcher's out-of-memory line")
 DONE_RECORD = Variable("TFCLUSTER_DONE_RECORD", "tfcluster start, for its command",
                        "a file in which the command notes each ps it told that it is done")
 TF_CHECKED = Variable("TFCLUSTER_TF_CHECKED", "tfcluster, once it checked the installed TensorFlow",
@@ -66,8 +69,8 @@ START_OVER = Variable("TFCLUSTER_START_OVER", "you",
                       "and trains from step 0 (without it, it stops in one line)")
 
 #: Every variable of the table.
-VARIABLES = (STRATEGY, WIRE, RUN_ID, RESTART_COUNT, DONE_RECORD, TF_CHECKED, DEBUG, SYNC_STALL_SECS,
-             SYNC_TIMEOUT_SECS, TF1_READY_POLL_SECS, TF1_STOP_GRACE_SECS, START_OVER)
+VARIABLES = (STRATEGY, WIRE, RUN_ID, RESTART_COUNT, PS_STATE_RECORD, DONE_RECORD, TF_CHECKED, DEBUG,
+             SYNC_STALL_SECS, SYNC_TIMEOUT_SECS, TF1_READY_POLL_SECS, TF1_STOP_GRACE_SECS, START_OVER)
 
 
 def option_variable(flag: str) -> str:

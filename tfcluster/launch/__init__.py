@@ -11,6 +11,8 @@ what torchrun is to PyTorch. The pipeline, in the order of its files:
   nothing left running at the end;
 - :mod:`.output`: whole lines from many tasks, and why a task failed;
 - :mod:`.isolation`: the cluster in its own loopback-only network namespace;
+- :mod:`.memory`: each ps in a memory cgroup of its own (``ps_memory``), and a
+  ps the kernel killed for memory named as such;
 - :mod:`.supervisor`: restarts (``max_restarts``), the end of the run once the
   trainers are done, timeouts and signals, exit codes.
 """

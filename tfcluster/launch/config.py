@@ -11,13 +11,14 @@ import shutil
 import socket
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple, Union
 
 from ..core.checks import seconds, whole_number
 from ..core.errors import SpecError
 from ..runtime.preemption import STOP_GRACE_SECS
 from ..topology.cluster import Cluster, is_loopback, parse_address
 from ..topology.taskenv import new_run_id, run_id
+from .memory import parse_size
 
 LEGACY_FLAG_STYLES = ("all", "job-task", "none")
 
@@ -50,6 +51,9 @@ class LaunchConfig:
       the cores split among the trainers, 0: TensorFlow's defaults). See
       :mod:`tfcluster.topology.devices`.
     - ``timestamps``: each line shown starts with the time it arrived.
+    - ``ps_memory``: each ps task's memory limit, in bytes or as ``1500M``, ``1.5G`` (None: no limit): each
+      runs in a memory cgroup of its own (needs root; :mod:`.memory`), and a ps the kernel kills for
+      memory is named as such.
     - ``run_id``: the run's id (None: Slurm's job, else a new one); a Keras fit's default checkpoint dir
       is the run's, so the id of a stopped run resumes it.
     """
@@ -77,6 +81,7 @@ class LaunchConfig:
     threads_per_task: Optional[int] = None
     timestamps: bool = False
     run_id: Optional[str] = None
+    ps_memory: Optional[Union[int, str]] = None
 
     def __post_init__(self):
         object.__setattr__(self, "command", tuple(self.command))
@@ -117,6 +122,10 @@ class LaunchConfig:
         seconds("timeout", self.timeout, optional=True)
         for name in ("evaluator_grace", "join_grace", "stop_grace"):
             seconds(name, getattr(self, name), positive=False, optional=True)
+        object.__setattr__(self, "ps_memory", parse_size("ps_memory", self.ps_memory))
+        if self.ps_memory is not None and not self.ps:
+            raise SpecError("{ps_memory} limits the ps tasks' memory, and this cluster has no ps task",
+                            params=["ps_memory"])
 
     @property
     def total_tasks(self) -> int:

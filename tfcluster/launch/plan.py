@@ -20,8 +20,11 @@ from .config import LaunchConfig
 from .processes import SERVING_JOBS, TaskProcess
 
 
-#: Seconds between SIGTERM and SIGKILL for a ps that tfcluster hosts: it has nothing to save,
-#: only TF's slow teardown.
+#: In the log dir: the bytes a fit's chief placed on each ps (training/train.py writes it, the launcher
+#: reads it when a ps dies out of memory).
+PS_STATE_FILE = "ps-state.json"
+
+
 def make_log_dir(log_dir=None) -> str:
     """``log_dir``, or a new ``tfcluster-logs/<time>`` dir; made now, or one clear error."""
     if log_dir:
@@ -143,6 +146,7 @@ def plan_tasks(config: LaunchConfig, log_dir: str, resources=None):
                                # the hosted ps must import the very tfcluster that runs this launcher
                                import_tfcluster=hosted)
         env[environment.RUN_ID.name] = config.run_id
+        env[environment.PS_STATE_RECORD.name] = os.path.abspath(os.path.join(log_dir, PS_STATE_FILE))
         env.update(config.env)
         if resources and t in resources:
             resources[t].apply(env)

@@ -37,6 +37,18 @@ _PIECE_END = re.compile(rb"\r\n|\r|\n")
 _PR_SET_PDEATHSIG = 1
 
 
+def _preexec(*steps):
+    """One Popen preexec_fn running each of ``steps`` that is not None, in order (None when there is none)."""
+    steps = [s for s in steps if s is not None]
+    if not steps:
+        return None
+
+    def preexec():
+        for step in steps:
+            step()
+    return preexec
+
+
 def _die_with(parent_pid: int, prctl):
     """A Popen preexec_fn: the task is killed when the launcher dies, even by SIGKILL (Linux's prctl).
 
@@ -71,6 +83,7 @@ class TaskProcess:
         self.tail = collections.deque(maxlen=40)   # the last lines of the current run, for failure_cause
         self._log_lock = threading.Lock()
         self.log_file = open_private(log_path, "wb")
+        self.cgroup = None                  # a memory.Cgroup the process joins before it execs (--ps-memory)
 
     @property
     def is_trainer(self) -> bool:
@@ -89,9 +102,12 @@ class TaskProcess:
             # The death signal follows the thread that forks: start() always runs
             # on the launcher's supervising thread, which outlives every task.
             prctl = posix.prctl()
+            # The cgroup first: everything the task allocates, from its first page, is charged to its limit.
+            preexec = _preexec(self.cgroup.join_in_child() if self.cgroup is not None else None,
+                               _die_with(os.getpid(), prctl) if prctl else None)
             self.popen = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                                          preexec_fn=_die_with(os.getpid(), prctl) if prctl else None)
+                                          preexec_fn=preexec)
         except OSError as e:
             raise TfclusterError(f"cannot start {self.name} ({self.argv[0]!r}): {e.strerror}") from None
         self.returncode = None

@@ -6,11 +6,13 @@ stops them, and gives the evaluator a grace period to finish. Exit codes of
 :meth:`LocalLauncher.run` (:mod:`tfcluster.core.exits`): 0 when every trainer
 succeeded; otherwise the code of the first trainer that failed for good
 (128+N when it died of signal N), or of a ps that died and could not be
-restarted; 124 when the timeout expired; 128+N when the launcher itself got
+restarted (137 for a ps the kernel killed for memory, named as such under
+``ps_memory``); 124 when the timeout expired; 128+N when the launcher itself got
 signal N (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP).
 """
 
 import logging
+import os
 import shlex
 import signal
 import threading
@@ -22,8 +24,9 @@ from ..core.exits import EXIT_TIMEOUT, describe_exit, exit_status, from_signal
 from ..topology.ports import hold_port
 from .config import LaunchConfig
 from .isolation import isolate_launch
+from .memory import MemoryLimits, ps_memory_limits
 from .output import LineWriter, failure_cause
-from .plan import make_log_dir, plan_resources, plan_tasks
+from .plan import PS_STATE_FILE, make_log_dir, plan_resources, plan_tasks, planned_tasks
 from .processes import TaskGroup
 
 log = logging.getLogger("tfcluster")
@@ -42,6 +45,7 @@ class LocalLauncher:
         self.isolated = False
         self.cluster = None
         self.procs = []
+        self.memory: Optional[MemoryLimits] = None     # the ps tasks' memory cgroups (ps_memory)
         self.shutdown_seconds: Optional[float] = None   # last trainer exit -> last task process gone
         self._signals = []
         self._lock = threading.Lock()
@@ -55,6 +59,12 @@ class LocalLauncher:
         """Start the cluster, supervise it until the trainers are done, stop it; return the exit code."""
         # Resources first: asking for more GPUs than there are is refused before anything is made.
         resources, devices_line = plan_resources(self.config)
+        # The memory cgroups before anything else is made: one that cannot be made is then the only line,
+        # and leaves nothing behind.
+        with ps_memory_limits(self.config.ps_memory, planned_tasks(self.config)) as self.memory:
+            return self._run(resources, devices_line)
+
+    def _run(self, resources, devices_line) -> int:
         # Isolation before anything is made (required isolation that fails leaves nothing), said after
         # the log dir, whose failure is then the only line.
         self.isolated, isolation = isolate_launch(self.config)
@@ -73,6 +83,8 @@ class LocalLauncher:
         try:
             self.cluster, procs = plan_tasks(self.config, log_dir, resources)
             self.procs.extend(procs)
+            if self.memory is not None:
+                self.memory.place(self.procs, os.path.join(log_dir, PS_STATE_FILE))
             log.info("cluster: %s", ", ".join(f"{t} {self.cluster.address(t)}" for t in self.cluster.tasks()))
             for p in self.procs:
                 p.start(self.writer)
@@ -190,11 +202,12 @@ class LocalLauncher:
             return None
         cause = failure_cause(p.tail) if code > 0 else None
         why = f" ({cause})" if cause else ""
+        how = (self.memory and self.memory.killed(p.name, code)) or describe_exit(code)
         if p.restarts < self.config.max_restarts:
-            self._restart(p, f"{describe_exit(code)}{why}")
+            self._restart(p, f"{how}{why}")
             return None
         what = "" if not self.config.max_restarts else f" after {p.restarts} restart(s)"
-        log.error("%s %s%s%s; see its log: %s", p.name, describe_exit(code), why, what, p.log_path)
+        log.error("%s %s%s%s; see its log: %s", p.name, how, why, what, p.log_path)
         others = [q.name for q in self.procs if q.running]
         if others:
             log.info("stopping the cluster (%s)", ", ".join(others))
