@@ -149,6 +149,23 @@ def test_a_mod_table_restores_by_id_into_any_part_count_with_its_optimizer_slots
     assert "does not say how its tables were split" in caplog.text
 
 
+def test_a_save_reads_a_sparsely_updated_table_after_its_copy_on_read_mode_is_off():
+    """TF 2.21 builds the Saver's no-copy read beside, not after, the op that turns copy-on-read off: the read
+    usually ran first and copied every table on its ps at each save (docs/memory.md)."""
+    import tensorflow as tf
+    from tfcluster.graph import inplace_reads
+    graph, _ = _graph_session()
+    with graph.as_default():
+        table = tf.compat.v1.get_variable("table", [10, 4], use_resource=True)
+        tf_own = type(table).read_value_no_copy
+        tf_own = getattr(tf_own, "__wrapped__", tf_own)      # TF's, even if this process installed ours
+        tf_read = tf_own(table).op.inputs[0].op
+        ours = inplace_reads.ordered_read_value_no_copy(tf_own)(table).op.inputs[0].op
+    assert tf_read.type == ours.type == "ReadVariableOp"
+    assert [op.type for op in tf_read.control_inputs] == []                     # TF's: unordered
+    assert [op.type for op in ours.control_inputs] == ["DisableCopyOnRead"]      # ours: after it
+
+
 def test_lazy_adam_moves_only_the_rows_a_step_touched_where_adam_moves_every_row_it_ever_saw():
     import tensorflow as tf
     from tfcluster.graph.lazy_adam import lazy_adam_optimizer

@@ -4,6 +4,7 @@
 - :mod:`.placement`: byte-balanced ps placement, partitioning, the placement report;
 - :mod:`.wire`: the 16-bit wire: weights and gradients cross in bfloat16, the ps keeps float32;
 - :mod:`.repartition`: a checkpoint's tables restored by id into another part count ("mod" lookups too);
+- :mod:`.inplace_reads`: a save reads each sparsely updated variable in place, not a copy of it;
 - :mod:`.lazy_adam`: TF 1.x's LazyAdamOptimizer (tf.contrib.opt), Adam updating only touched rows;
 - :mod:`.sparse`: tables on the ps looked up one distinct id at a time, so each touched row crosses once;
 - :mod:`.step`: the step contract: the TrainGraph a front end builds, the StepRunner the session runs,

@@ -16,11 +16,18 @@ as eight 8 MB variables (0.9 against 2.5 GB/s here; P7 in scripts/bench.py).
 TensorFlow is imported lazily, so importing this module stays cheap.
 """
 
+import json
+import logging
+import os
 import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from ..core import environment
 from ..core.errors import SpecError
+from ..core.private import open_private
+
+log = logging.getLogger("tfcluster")
 
 #: Op types that hold state and belong on a ps (as in TF's device_setter).
 PS_OPS = ("Variable", "VariableV2", "AutoReloadVariable", "VarHandleOp",
@@ -302,3 +309,23 @@ def placement_report(graph=None, variables=None, devices: Sequence[str] = ()) ->
         records.append(VariablePlacement(v.op.name, _task_device(v.device), shape, dtype.name,
                                          int(n) * dtype.size if n is not None else 0))
     return PlacementReport(records, devices)
+
+
+# ----------------------------------------------------------------- for the launcher
+def record_ps_state(totals: dict):
+    """Write the bytes placed on each ps task (``{"ps:0": n}``) where the launcher asked (``PS_STATE_RECORD``).
+
+    A file rather than a log line the launcher would parse: the launcher reads it
+    when a ps is killed for memory, to say how much state that ps held.
+    """
+    path = environment.PS_STATE_RECORD.get()
+    if not path:
+        return
+    prefix = "/job:ps/task:"
+    state = {f"ps:{d[len(prefix):]}": n for d, n in totals.items() if d.startswith(prefix)}
+    try:
+        with open_private(path + ".tmp") as f:
+            json.dump(state, f)
+        os.replace(path + ".tmp", path)     # whole or not at all, for a launcher that reads it any time
+    except OSError as e:    # a note for the launcher: training goes on without it
+        log.debug("cannot write %s: %s", path, e.strerror)

@@ -21,7 +21,8 @@ own devices) are looked up by TF's code unchanged; so are ragged and sparse ids.
 distinct ids (TF's own ``unique``). A partitioner that asks for more parts than
 a table has rows fails in one line (:func:`checked_partitioner_call`). Tables
 looked up with ``"mod"`` are noted, so that a checkpoint restores their rows
-by id into another part count (graph/repartition.py).
+by id into another part count (graph/repartition.py), and a save reads each
+table in place instead of copying it (graph/inplace_reads.py).
 
 TensorFlow is imported lazily, so importing this module stays cheap.
 """
@@ -29,7 +30,7 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 import functools
 
 from ..core.errors import SpecError
-from . import repartition
+from . import inplace_reads, repartition
 
 _installed = False
 
@@ -100,7 +101,8 @@ def checked_partitioner_call(call):
 
 def install():
     """Make ``embedding_lookup`` read each distinct id once from tables on a ps, partitioners that ask for more
-    parts than rows fail in one line, and "mod" tables restore by id (idempotent, per process)."""
+    parts than rows fail in one line, "mod" tables restore by id, and saves read tables in place (idempotent,
+    per process)."""
     global _installed
     if _installed:
         return
@@ -108,6 +110,7 @@ def install():
     from tensorflow.python.ops import embedding_ops, variable_scope
     variable_scope._call_partitioner = checked_partitioner_call(variable_scope._call_partitioner)
     repartition.install()
+    inplace_reads.install()
     original = embedding_ops.embedding_lookup
     patched = distinct_lookup(original)
     # embedding_lookup_v2 (tf.nn, tf-keras's Embedding) calls the module's name; tf.compat.v1.nn holds its own.

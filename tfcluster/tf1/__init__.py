@@ -237,6 +237,7 @@ def install_session_fixes(ready_poll_secs=None, retry_duplicates: bool = True):
         robust.quick_stop(stop_grace)
     robust.quiet_late_queue_runners()
     robust.quiet_second_supervisor_stop()
+    robust.initialise_in_own_session()
     if retry_duplicates:
         rerun_in_every_session()
     robust.warn_on_recovery()

@@ -40,6 +40,15 @@ itself (:func:`tfcluster.data.pipeline.without_autotune_thread`).
 **Slow readiness polls** (pitfalls item 4). :func:`fast_ready_polling` makes
 SessionManager poll "is the model ready?" every 0.2 s (tfcluster's READY_POLL_SECS) instead of every 30 s
 when the script did not choose another interval.
+
+**Initial values kept on the ps.** A session keeps the executors of every step
+it ran, on the ps, while it is open, and the initialising step's hold its
+initial values' constants, each as big as its variable (an Adagrad slot's
+``constant_initializer(0.1)``): a second copy of every such slot, for the whole
+run. :func:`initialise_in_own_session` makes the chief's SessionManager run
+``init_op`` and ``init_fn`` in a session of their own on the same cluster,
+closed once done (training/chief.py does the same for tfcluster's own sessions;
+docs/memory.md).
 """
 
 import inspect
@@ -119,6 +128,38 @@ def fast_ready_polling(seconds: float):
 
     __init__.__wrapped__ = original
     sm.SessionManager.__init__ = __init__
+
+
+def initialise_in_own_session():
+    """Make SessionManager initialise a model on a cluster in a session it closes after (the module doc)."""
+    with _lock:
+        if "init" in _patched:
+            return
+        _patched.add("init")
+    from tensorflow.python.client import session as session_lib
+    from tensorflow.python.training import session_manager as sm
+
+    original = sm.SessionManager.prepare_session
+    signature = inspect.signature(original)
+
+    def prepare_session(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        init_op, init_fn, feed, config = a["init_op"], a["init_fn"], a["init_feed_dict"], a["config"]
+        # Only on a cluster: a local session (target '') owns its variables, and closing it would lose them.
+        if a["master"] and (init_op is not None or init_fn):
+            def initialise(_session):
+                with session_lib.Session(a["master"], graph=self._graph, config=config) as alone:
+                    if init_op is not None:
+                        alone.run(init_op, feed_dict=feed)
+                    if init_fn:
+                        init_fn(alone)
+            a["init_op"], a["init_fn"] = None, initialise   # prepare_session calls it only where it would init
+        return original(*bound.args, **bound.kwargs)
+
+    prepare_session.__wrapped__ = original
+    sm.SessionManager.prepare_session = prepare_session
 
 
 def quick_stop(seconds: float):
@@ -314,12 +355,14 @@ def _warn_if_private(graph, cluster, warned):
 
 def _report_placement(graph, cluster, reported):
     import tensorflow as tf
-    from ..graph.placement import human_bytes, placement_report
+    from ..graph.placement import human_bytes, placement_report, record_ps_state
     report = placement_report(graph or tf.compat.v1.get_default_graph(),
                               devices=[t.device for t in cluster.tasks(("ps",))])
     if not report.records:
         return      # a session before the model is built
     reported.append(True)
+    if cluster.is_chief:
+        record_ps_state(report.totals())    # the launcher's --ps-memory line names what each ps held
     totals = ", ".join(f"{d} {human_bytes(b)}" for d, b in report.totals().items())
     log.info("%s placed %d variable(s): %s (ps imbalance %.1f%%)", cluster.task, len(report.records), totals,
              100 * report.imbalance())

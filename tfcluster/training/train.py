@@ -20,7 +20,6 @@ single process could not restore (pitfalls item 9).
 """
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -29,13 +28,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .. import strategies
-from ..core import environment
 from ..core.checks import seconds, whole_number
 from ..core.errors import SpecError
-from ..core.private import open_private
 from ..data.pipeline import without_autotune_thread
 from ..graph.model import make_dataset, split_element
-from ..graph.placement import human_bytes, placement_report
+from ..graph.placement import human_bytes, placement_report, record_ps_state
 from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..runtime.server import task_server, wait_for_cluster
 from ..runtime.shutdown import done_when_finished, serve_as_ps
@@ -49,25 +46,6 @@ from .session import TrainingSession
 from .train_metrics import SharedMetrics, TrainMetricsHook, examples_in, steps_for_epochs
 
 log = logging.getLogger("tfcluster")
-
-
-def record_ps_state(totals: dict):
-    """Write the bytes placed on each ps task (``{"ps:0": n}``) where the launcher asked (``PS_STATE_RECORD``).
-
-    A file rather than a log line the launcher would parse: the launcher reads it
-    when a ps is killed for memory, to say how much state that ps held.
-    """
-    path = environment.PS_STATE_RECORD.get()
-    if not path:
-        return
-    prefix = "/job:ps/task:"
-    state = {f"ps:{d[len(prefix):]}": n for d, n in totals.items() if d.startswith(prefix)}
-    try:
-        with open_private(path + ".tmp") as f:
-            json.dump(state, f)
-        os.replace(path + ".tmp", path)     # whole or not at all, for a launcher that reads it any time
-    except OSError as e:    # a note for the launcher: training goes on without it
-        log.debug("cannot write %s: %s", path, e.strerror)
 
 
 @dataclass
