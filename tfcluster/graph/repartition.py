@@ -74,6 +74,8 @@ def _names_to_variables(saver) -> dict:
     """The checkpoint names ``saver`` saves, each with its variable parts (as ``Saver`` itself groups them)."""
     from tensorflow.python.training.saving import saveable_object_util
     var_list = saver._var_list
+    if var_list is None:        # a Saver not built yet (defer_build) saves nothing yet
+        return {}
     names = dict(var_list) if isinstance(var_list, dict) else saveable_object_util.op_list_to_dict(
         var_list, convert_variable_to_tensor=False)
     return names
