@@ -100,18 +100,27 @@ def _split_of(parts, mod: bool) -> Split:
     return Split(rows, mod)
 
 
+def _full_shape(parts) -> list:
+    """The shape of the whole variable these parts are of."""
+    info = getattr(parts[0], "_save_slice_info", None)
+    return list(info.full_shape) if info is not None else parts[0].shape.as_list()
+
+
 def graph_splits(saver, graph) -> dict:
     """{checkpoint name: Split} of the tables ``graph`` looks up with "mod", and of their slots."""
     mod = set(graph.get_collection(MOD_LOOKUPS))
     names = _names_to_variables(saver)
-    tables = [name for name, value in names.items()
-              if any(getattr(getattr(v, "op", None), "name", None) in mod for v in _parts(value))]
+    tables = {name: _full_shape(_parts(value))[0] for name, value in names.items()
+              if any(getattr(getattr(v, "op", None), "name", None) in mod for v in _parts(value))}
     out = {}
     for name, value in names.items():
-        if any(name == t or name.startswith(t + "/") for t in tables):
-            parts = _parts(value)
-            if hasattr(parts[0], "shape") and parts[0].shape.rank:
-                out[name] = _split_of(parts, mod=True)
+        parts = _parts(value)
+        if not (hasattr(parts[0], "shape") and parts[0].shape.rank):
+            continue
+        # The table, and its optimizer slots: named below it, with as many rows.
+        if any((name == t or name.startswith(t + "/")) and _full_shape(parts)[0] == rows
+               for t, rows in tables.items()):
+            out[name] = _split_of(parts, mod=True)
     return out
 
 
@@ -210,11 +219,6 @@ def _fill_part(part, index: int, now: Split, saved: Split, name: str, prefix: st
     return tf.compat.v1.assign(part, value)
 
 
-def _full_shape(parts) -> list:
-    info = getattr(parts[0], "_save_slice_info", None)
-    return list(info.full_shape) if info is not None else parts[0].shape.as_list()
-
-
 def remap_restore(saver, sess, prefix: str) -> bool:
     """Restore ``prefix`` through ``saver``, reading the rows of "mod" tables split otherwise when it was saved;
     False (nothing done) when no table needs it."""
@@ -252,13 +256,14 @@ def remap_restore(saver, sess, prefix: str) -> bool:
                 for index, part in enumerate(parts):
                     with tf.device(part.device):
                         fills.append(_fill_part(part, index, split, saved[name], name, prefix, _full_shape(parts)))
+            fill = tf.group(*fills)     # the ops, not their values: nothing comes back to this process
             rest = {n: v for n, v in names.items() if n not in moved}
             others = tf.compat.v1.train.Saver(rest, sharded=saver._sharded, allow_empty=True,
                                               write_version=saver._write_version) if rest else None
     finally:
         if finalized:
             graph.finalize()
-    fetches = [fills] + ([others.saver_def.restore_op_name] if others else [])
+    fetches = [fill] + ([others.saver_def.restore_op_name] if others else [])
     sess.run(fetches, {others.saver_def.filename_tensor_name: prefix} if others else None)
     return True
 
