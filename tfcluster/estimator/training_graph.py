@@ -20,7 +20,7 @@ import tensorflow as tf
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import ModelFnError, TfclusterError
 from ..core.tferrors import cause, hint
-from ..graph.placement import ByteBalancedSetter
+from ..graph.placement import ByteBalancedSetter, placement_report, record_ps_state
 from ..graph.sparse import install as install_distinct_lookups
 from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..runtime.checkpoints import checkpoint_step
@@ -174,6 +174,9 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
                                     save_steps=config.save_checkpoints_steps, save_secs=config.save_checkpoints_secs,
                                     keep=(config.keep_checkpoint_max or 3) + 2)
         session.finalize(all_hooks, device=setter)
+        if config.is_chief and cluster is not None and cluster.num_tasks("ps"):
+            # For the launcher's --ps-memory line: what each ps holds (docs/memory.md).
+            record_ps_state(placement_report(graph, devices=[t.device for t in cluster.tasks(("ps",))]).totals())
     with graph.as_default():
         try:
             session.create()
