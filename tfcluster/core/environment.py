@@ -48,8 +48,9 @@ RUN_ID = Variable("TFCLUSTER_RUN_ID", "tfcluster local (one per launch, kept acr
 RESTART_COUNT = Variable("TFCLUSTER_RESTART_COUNT", "tfcluster local",
                          "how often the launcher restarted this task (0 at first); set only under the launcher")
 PS_STATE_RECORD = Variable("TFCLUSTER_PS_STATE_RECORD", "tfcluster local, for every task",
-                          "a file in which the chief of a fit writes the bytes of variables (optimizer slots "
-                          "included) placed on each ps task, as JSON, for the launcher's out-of-memory line")
+                          "a file in which the chief (fit, Estimator, TF1 mode) writes the bytes of variables "
+                          "(optimizer slots included) placed on each ps task, as JSON, for the launcher's "
+                          "out-of-memory line")
 DONE_RECORD = Variable("TFCLUSTER_DONE_RECORD", "tfcluster start, for its command",
                        "a file in which the command notes each ps it told that it is done")
 TF_CHECKED = Variable("TFCLUSTER_TF_CHECKED", "tfcluster, once it checked the installed TensorFlow",

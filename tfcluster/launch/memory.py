@@ -20,6 +20,7 @@ import time
 from typing import Optional
 
 from ..core.errors import SpecError, TfclusterError
+from ..graph.placement import human_bytes
 
 log = logging.getLogger("tfcluster")
 
@@ -41,13 +42,8 @@ def parse_size(name: str, value) -> Optional[int]:
 
 
 def human(n: Optional[float]) -> str:
-    """``1503238553`` -> ``1.40 GB`` (powers of 1024, as the placement report counts)."""
-    if n is None:
-        return "unknown"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{2 if unit == 'GB' else 1}f} {unit}"
-        n /= 1024
+    """``1503238553`` -> ``1.4 GB``, as the placement report counts; None -> ``unknown``."""
+    return "unknown" if n is None else human_bytes(n)
 
 
 def _read(path: str) -> str:
@@ -216,13 +212,13 @@ class MemoryLimits:
         _write(control, "+memory")
 
     def peaks_line(self) -> str:
-        """``ps memory: ps:0 peak 708.0 MB, ...; limit 925.0 MB each (--ps-memory, cgroup v1)``."""
+        """``ps memory: ps:0 peak 620.6 MB, ...; limit 800.0 MB each (--ps-memory, cgroup v1)``."""
         peaks = ", ".join(f"{name} peak {human(cg.peak())}" for name, cg in self.cgroups.items())
         return f"ps memory: {peaks}; limit {human(self.limit)} each (--ps-memory, cgroup v{self.version})"
 
     def place(self, procs, state_record: str):
         """Give each ps TaskProcess its cgroup, joined when it starts (and restarts); ``state_record``: the file
-        in which a fit's chief notes the bytes it placed on each ps (training/train.py)."""
+        in which the chief notes the bytes it placed on each ps (graph/placement.py's record_ps_state)."""
         self.state_record = state_record
         for p in procs:
             p.cgroup = self.cgroups.get(p.name, p.cgroup)
@@ -269,14 +265,14 @@ def ps_memory_limits(limit: Optional[int], tasks):
 
 
 def _state(path: Optional[str]) -> str:
-    """``ps:0 702.0 MB, ps:1 ...`` from a fit chief's record (training/train.py), or why it is not known."""
+    """``ps:0 702.0 MB, ps:1 ...`` from the chief's record (graph/placement.py), or why it is not known."""
     try:
         with open(path) as f:
             state = json.load(f)
         return ", ".join(f"{name} {human(n)}" for name, n in state.items()) or "nothing on the ps tasks"
     except (OSError, ValueError, TypeError, AttributeError):
-        return ("unknown (no placement record: the program is not tfcluster.fit, or its chief had not built "
-                "its graph yet)")
+        return ("unknown (no placement record: the program is not tfcluster.fit, an Estimator or a TF1-mode "
+                "program, or its chief had not built its graph yet)")
 
 
 def _rmdir(path: str):

@@ -20,7 +20,7 @@ from .config import LaunchConfig
 from .processes import SERVING_JOBS, TaskProcess
 
 
-#: In the log dir: the bytes a fit's chief placed on each ps (training/train.py writes it, the launcher
+#: In the log dir: the bytes the chief placed on each ps (graph/placement.py writes it, the launcher
 #: reads it when a ps dies out of memory).
 PS_STATE_FILE = "ps-state.json"
 
