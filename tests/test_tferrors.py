@@ -2,7 +2,7 @@
 
 import pytest
 
-from tfcluster.core.tferrors import describe, summary
+from tfcluster.core.tferrors import cause, describe, hint, summary
 
 # What TF 2.21 raised for a Saver.save onto a full tmpfs (test_faults_users_hit's full disk), verbatim.
 FULL_DISK = ("Graph execution error:\n\nDetected at node 'save/SaveV2' defined at (most recent call last):\n"
@@ -27,6 +27,25 @@ def test_a_remote_failure_names_the_task_that_failed():
     text = ("From /job:ps/replica:0/task:0:\nVariable v is uninitialized\n\t [[{{node v/read}}]]\n"
             "Additional GRPC error information from remote target /job:ps/replica:0/task:0 while calling /tensorflow")
     assert summary(Raised(text)) == "/job:ps/replica:0/task:0: Variable v is uninitialized"
+
+
+class FailedOp(Raised):
+    def __init__(self, message, op):
+        super().__init__(message)
+        self.op = type("Op", (), {"name": op})()
+
+
+@pytest.mark.parametrize("words", ["indices[1] = 12 is not in [0, 10)", "Bad: indices[1] == 12 out of range [0, 10)"])
+def test_an_id_outside_its_table_is_named_whichever_op_checked_it_first(words):
+    # The gather and the segment sum both check a lookup's ids; the executor runs either first.
+    line = cause(FailedOp(f"From /job:worker/replica:0/task:0:\n{words}\n\t [[{{{{node lookup}}}}]]", "id/lookup"))
+    assert line == f"id/lookup on worker:0: {words}"
+    assert hint(line) == (" (an id is outside its table: a categorical column's num_buckets, hash_bucket_size or "
+                          "vocabulary, or a table's rows)")
+
+
+def test_a_label_check_is_not_taken_for_an_id_outside_its_table():
+    assert hint("head/assert: Labels must <= n_classes - 1") == " (a label is outside n_classes)"
 
 
 @pytest.mark.timeout(120)

@@ -10,6 +10,7 @@ import re
 
 _FROM_TASK = re.compile(r"(?:[A-Z_]+: )?From (/job:\S+?):")
 _REMOTE = re.compile(r"from remote target (/job:\S+) while calling")
+_FROM_TASK_PREFIX = re.compile(r"(?:[A-Z_]+: )?From /job:([\w-]+)/replica:\d+/task:(\d+): (.*)")
 
 
 def _lines(error) -> list:
@@ -52,18 +53,28 @@ def cause(error, limit: int = 400) -> str:
     """The op that failed and every line of its cause, joined (an assertion's values are lines of their own)."""
     op = getattr(getattr(error, "op", None), "name", None)
     text = " ".join(_lines(error)) or type(error).__name__
-    return (f"{op}: {text}" if op else text)[:limit]
+    m = _FROM_TASK_PREFIX.fullmatch(text)
+    where = f" on {m.group(1)}:{m.group(2)}" if m else ""       # the task that ran the op, said briefly
+    text = m.group(3) if m else text
+    return (f"{op}{where}: {text}" if op else f"{where.strip()}: {text}" if where else text)[:limit]
 
 
 #: What TF 1.x's canned heads' checks on the data mean, in the words of their arguments.
 _HINTS = [("Labels must <= n_classes - 1", "a label is outside n_classes"),
           ("Labels must >= 0", "a label is negative, or not in label_vocabulary (its lookup gives -1)"),
           ("/head/weights/Cast", "weight_column must name a numeric feature")]
+#: An id outside its table. Two ops check a lookup's ids and either may fail first (the executor runs them
+#: in any order): the gather says "indices[1] = 12 is not in [0, 10)", the segment sum "indices[1] == 12 out of range".
+_ID_OUTSIDE = re.compile(r"indices\[[\d,]+\] ={1,2} -?\d+ (?:is not in|out of range) \[0, ?\d*")
 
 
 def hint(text: str) -> str:
-    """`` (what it means)`` for a canned head's check in ``text``, else ``""``."""
-    return "".join(f" ({meaning})" for marker, meaning in _HINTS if marker in text)
+    """`` (what it means)`` for a canned head's check or an id outside its table in ``text``, else ``""``."""
+    meanings = [meaning for marker, meaning in _HINTS if marker in text]
+    if _ID_OUTSIDE.search(text):
+        meanings.append("an id is outside its table: a categorical column's num_buckets, hash_bucket_size or "
+                        "vocabulary, or a table's rows")
+    return "".join(f" ({meaning})" for meaning in meanings)
 
 
 def recoverable(error) -> bool:

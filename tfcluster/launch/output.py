@@ -35,7 +35,8 @@ def failure_cause(lines) -> Optional[str]:
             text = line
         else:
             continue
-        return text if len(text) <= 200 else text[:197] + "..."
+        # Room for a long op name and TF's cause after it (an estimator's ops are nested 5 scopes deep).
+        return text if len(text) <= 300 else text[:297] + "..."
     return None
 
 
