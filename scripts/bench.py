@@ -17,7 +17,10 @@ where a ps step's time goes (scripts/bench/profile_step.py) to results.md.
 Workloads (scripts/bench/): an MLP 784-512-10 with batch 128 per worker (per
 tower, in the tower rows), a bigger MLP 784-2048-2048-10 (5.8M parameters)
 with batch 64 per worker, both on in-memory data, and the tutorials' CNN; on
-1 ps + 2 workers unless a row says otherwise. Cluster throughput is measured
+1 ps + 2 workers unless a row says otherwise. The click-through rows (``ctr_*``,
+``--rows 'ctr_*'`` alone) train examples/click_through_fit.py's wide & deep on
+2 ps + 2 workers, batch 512 per worker, against the same model by hand in raw
+TF1 and on TF2 ParameterServerStrategy (docs/embeddings.md). Cluster throughput is measured
 over the window in which every worker was stepping, from each worker's step
 timeline, so a worker that starts late (raw TF1's non-chief waits 30 s for
 the model) does not distort it.
@@ -25,6 +28,7 @@ the model) does not distort it.
 
 import argparse
 import datetime
+import fnmatch
 import json
 import os
 import platform
@@ -46,6 +50,8 @@ from figures import figures  # noqa: E402
 from tfcluster.topology.ports import pick_free_ports  # noqa: E402
 
 PY = sys.executable
+#: The click-through rows' TFRecord shards: made by the first row that reads them, removed when the bench ends.
+CLICKS = os.path.join(tempfile.gettempdir(), f"tfcbench-clicks-{os.getpid()}")
 
 
 def child_env(**extra):
@@ -74,19 +80,47 @@ def layout(workers, ps=0, chief=False):
 
 
 # --------------------------------------------------------------- one run each
-def run_local(workload, ps=1, workers=2, extra=(), timeout=400):
-    """Run a workload under ``tfcluster local``; return its results and the launch/exit times."""
+def run_local(workload, ps=1, workers=2, extra=(), timeout=400, memory=False):
+    """Run a workload under ``tfcluster local``; return its results and the launch/exit times.
+
+    ``memory``: each ps in a memory cgroup (``--ps-memory``, root only) so the run also says each ps's peak
+    memory (``ps_peak``) and the bytes of variables it held (``ps_state``), ``{"ps:0": bytes}``.
+    """
     logs = tempfile.mkdtemp(prefix="tfcbench-")
+    if memory:
+        extra = [*extra, "--ps-memory", "20G"]
     cmd = [PY, "-m", "tfcluster", "local", "--ps", str(ps), "--workers", str(workers), "--log-dir", logs,
            "--timeout", str(timeout - 10), *extra, "--", PY, *workload]
     launched = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
     exited = time.time()
+    state = _read_json(os.path.join(logs, "ps-state.json"))
     shutil.rmtree(logs, ignore_errors=True)
     results = parse_bench(p.stdout)
     if p.returncode != 0 or len(results) < max(workers, 1):
         raise RuntimeError(f"{' '.join(workload)} failed (exit {p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return dict(launched=launched, exited=exited, results=results, layout=layout(workers, ps))
+    run = dict(launched=launched, exited=exited, results=results, layout=layout(workers, ps))
+    if memory:
+        run.update(ps_peak=ps_peaks(p.stdout + p.stderr), ps_state=state)
+    return run
+
+
+_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+
+
+def ps_peaks(text):
+    """``{"ps:0": bytes}`` from the launcher's ``ps memory: ps:0 peak 620.6 MB, ...`` line."""
+    import re
+    return {m.group(1): float(m.group(2)) * _UNITS[m.group(3)]
+            for m in re.finditer(r"(ps:\d+) peak ([\d.]+) ([KMGT]?B)\b", text)}
+
+
+def _read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def run_single(workload, timeout=600):
@@ -99,19 +133,19 @@ def run_single(workload, timeout=600):
     return dict(launched=launched, exited=time.time(), results=results, layout="1 process")
 
 
-def run_tf2_pss(steps, timeout=600):
+def run_tf2_pss(steps, timeout=600, script="tf2_pss.py", ps=1, **env_extra):
     """TF2 ParameterServerStrategy: ps and workers serve, the chief coordinates and measures."""
-    ports = pick_free_ports(4)
+    ports = pick_free_ports(3 + ps)
     cluster = {"chief": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}", f"localhost:{ports[2]}"],
-               "ps": [f"localhost:{ports[3]}"]}
-    script = os.path.join(BENCH, "tf2_pss.py")
+               "ps": [f"localhost:{port}" for port in ports[3:]]}
+    script = os.path.join(BENCH, script)
     servers = []
 
     def env(kind, i):
         return child_env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": i}}),
-                         BENCH_STEPS=steps)
+                         BENCH_STEPS=steps, **env_extra)
     try:
-        for kind, n in (("ps", 1), ("worker", 2)):
+        for kind, n in (("ps", ps), ("worker", 2)):
             for i in range(n):
                 servers.append(subprocess.Popen([PY, script], env=env(kind, i), stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL, start_new_session=True))
@@ -124,7 +158,7 @@ def run_tf2_pss(steps, timeout=600):
     results = parse_bench(p.stdout)
     if p.returncode != 0 or not results:
         raise RuntimeError(f"tf2_pss failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
-    return dict(launched=launched, exited=time.time(), results=results, layout=layout(2, 1, chief=True))
+    return dict(launched=launched, exited=time.time(), results=results, layout=layout(2, ps, chief=True))
 
 
 def tcp_loopback_bps(megabytes=64, seconds=3.0):
@@ -224,7 +258,37 @@ def rows(quick, steps):
                                    lambda: run_local(mlp("collective", steps // 2, "--devices", "2"), ps=0)),
         "tfcluster_sync_towers_2": ("mlp", "tfcluster", lambda: run_local(mlp("sync", steps // 2, "--devices", "2"))),
     })
+    out.update(ctr_rows(steps // 2))
     return out
+
+
+def ctr_rows(steps):
+    """The click-through rows (docs/embeddings.md): wide & deep over 26 hashed columns, batch 512 per worker,
+    2 workers, 2 ps unless a row says otherwise; ``H`` hash buckets per column (100,000 unless named)."""
+    data = CLICKS
+    ctr, raw = os.path.join(BENCH, "ctr.py"), os.path.join(BENCH, "ctr_raw_tf1.py")
+
+    def fit(mode, buckets=100_000, *more):
+        return [ctr, "--mode", mode, "--buckets", str(buckets), "--steps", str(steps), "--data-dir", data, *more]
+
+    def local(workload, ps=2, extra=(), memory=False):
+        return lambda: run_local(workload, ps=ps, extra=extra, memory=memory, timeout=900)
+    bf16, traced = ["--wire", "bfloat16"], ["--trace", "5", "--after", "20"]
+    return {
+        "ctr_async": ("ctr", "tfcluster", local(fit("async"), memory=True)),
+        "ctr_async_1ps": ("ctr", "tfcluster", local(fit("async"), ps=1, memory=True)),
+        "ctr_sync": ("ctr", "tfcluster", local(fit("sync"))),
+        "ctr_raw_tf1": ("ctr", "raw TF1", local([raw, "--steps", str(steps), "--data_dir", data],
+                                                extra=["--legacy-flags"])),
+        "ctr_tf2_pss": ("ctr", "TF2 PSS", lambda: run_tf2_pss(steps, script="ctr_tf2_pss.py", ps=2,
+                                                              BENCH_DATA_DIR=data, timeout=900)),
+        "ctr_async_h10k": ("ctr", "tfcluster", local(fit("async", 10_000))),
+        "ctr_async_h1m": ("ctr", "tfcluster", local(fit("async", 1_000_000))),
+        "ctr_sync_h1m": ("ctr", "tfcluster", local(fit("sync", 1_000_000))),
+        "ctr_async_bf16": ("ctr", "tfcluster", local(fit("async"), extra=bf16)),
+        "ctr_traffic": ("ctr", "tfcluster", local(fit("async", 100_000, *traced))),
+        "ctr_traffic_bf16": ("ctr", "tfcluster", local(fit("async", 100_000, *traced), extra=bf16)),
+    }
 
 
 def cluster_throughput(run):
@@ -259,10 +323,11 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
     reps = reps or (1 if quick else 3)
     configs = rows(quick, steps)
     if only is not None:
-        unknown = sorted(set(only) - set(configs) - {"pull"})
+        unknown = sorted(p for p in only if not fnmatch.filter(list(configs) + ["pull"], p))
         if unknown:
             raise SystemExit(f"bench: no row {', '.join(unknown)} in {'quick' if quick else 'full'} mode; "
                              f"rows: {', '.join(list(configs) + ['pull'])}")
+        only = [k for k in list(configs) + ["pull"] if any(fnmatch.fnmatch(k, p) for p in only)]
         configs = {k: v for k, v in configs.items() if k in only}
     runs = {name: [] for name in configs}
     names = list(configs)
@@ -324,14 +389,18 @@ def main():
     p.add_argument("--out", default="bench-results", help="directory for results.json/.md and the plots")
     p.add_argument("--reps", type=int, help="repeats of every row (default 3; 1 with --quick)")
     p.add_argument("--steps", type=int, help="global steps per MLP run (default 3000; 200 with --quick)")
-    p.add_argument("--rows", help="comma-separated rows to run (e.g. tfcluster_sync,tfcluster_async,pull; "
-                                  "default: every row of the mode)")
-    p.add_argument("--readme", action="store_true", help="rewrite the README's table from this run")
+    p.add_argument("--rows", help="comma-separated rows or patterns to run (e.g. tfcluster_sync,tfcluster_async,pull; "
+                                  "'ctr_*' for the click-through rows; default: every row of the mode)")
+    p.add_argument("--readme", action="store_true", help="rewrite the README's table from this run (the "
+                                                         "click-through table when only ctr_* rows ran)")
     p.add_argument("--profile", action="store_true", help="also trace where a ps step's time goes")
     a = p.parse_args()
-    from report import write, write_readme
+    from report import CTR_BEGIN, CTR_END, write, write_readme
     started = time.time()
-    runs, extra, meta = measure(a.quick, a.steps, a.reps, a.rows.split(",") if a.rows else None)
+    try:
+        runs, extra, meta = measure(a.quick, a.steps, a.reps, a.rows.split(",") if a.rows else None)
+    finally:
+        shutil.rmtree(CLICKS, ignore_errors=True)
     traced = profiles(a.quick) if a.profile else {}
     thr = {k: [cluster_throughput(r) for r in v] for k, v in runs.items()}
     figs = figures(runs, thr, extra)
@@ -341,7 +410,9 @@ def main():
                 seconds=round(time.time() - started, 1),
                 layouts={k: next((r["layout"] for r in v if r), "") for k, v in runs.items()})
     md = write(a.out, thr, figs, extra, meta, traced)
-    if a.readme:
+    if a.readme and runs and all(k.startswith("ctr_") for k in runs):
+        write_readme(os.path.join(REPO, "README.md"), md, a.out, CTR_BEGIN, CTR_END)
+    elif a.readme:
         write_readme(os.path.join(REPO, "README.md"), md, a.out)
     print(md)
     print(f"bench: wrote {a.out}/ in {meta['seconds']:.0f}s" + (" and the README's table" if a.readme else ""))

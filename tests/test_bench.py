@@ -88,3 +88,32 @@ def test_the_input_position_probe_prints_a_row_per_pipeline():
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| none |") or line.startswith("| 10000 |")]
     assert len(rows) == 2 and all(" ms (" in row and " MB |" in row for row in rows), r.stdout
+
+
+def _ctr_run(by_task, peaks=None, state=None, received=100.0):
+    """A click-through run record: one worker's traced traffic, and the ps peaks and state if measured."""
+    traffic = dict(worker_received=received, ps_received=received, row_bytes=60.0, dense_bytes=40.0, by_task=by_task)
+    return dict(results=[dict(examples_per_sec=1.0, traffic=traffic)], ps_peak=peaks, ps_state=state)
+
+
+def test_click_through_figures_come_from_the_traced_bytes_and_the_ps_peaks():
+    runs = {"ctr_traffic": [_ctr_run({"ps:0": (300.0, 300.0), "ps:1": (100.0, 100.0), "worker:0": (400.0, 400.0)})],
+            "ctr_traffic_bf16": [_ctr_run({}, received=52.0)],
+            "ctr_async": [_ctr_run({}, peaks={"ps:0": 650e6, "ps:1": 500e6}, state={"ps:0": 300e6, "ps:1": 300e6})]}
+    figs = figures(runs, {}, {})
+    assert figs["C1 bytes a worker receives per step / (touched rows + dense weights)"]["median"] == 1.0
+    assert figs["C7 busiest ps's traffic / mean ps's (Zipf-hot rows)"]["median"] == pytest.approx(1.5)
+    assert figs["C7 busiest ps's traffic / mean ps's (Zipf-hot rows)"]["met"] is False
+    assert figs["C8 bfloat16 wire / float32 wire: bytes a worker receives per step"]["median"] == pytest.approx(0.52)
+    beyond = figs["C5 MB a ps holds beyond its variables (peak - state), 2 ps"]
+    assert beyond["median"] == pytest.approx(350.0) and beyond["met"] is True      # the larger of the two ps
+
+
+def test_the_ps_peaks_are_read_from_the_launchers_line():
+    line = "[tfcluster] ps memory: ps:0 peak 658.1 MB, ps:1 peak 1.2 GB; limit 20.0 GB each (--ps-memory, cgroup v1)"
+    assert bench.ps_peaks(line) == {"ps:0": pytest.approx(658.1e6), "ps:1": pytest.approx(1.2e9)}
+
+
+def test_rows_may_be_chosen_by_pattern_and_an_unknown_one_is_one_line():
+    with pytest.raises(SystemExit, match="no row nothing_\\*"):
+        bench.measure(False, steps=10, reps=1, only=["ctr_*", "nothing_*"])

@@ -2,7 +2,8 @@
 
 The workload is a click log made here (scripts/clicklog.py) and the wide & deep model of
 examples/click_through_fit.py: 26 hashed columns in one table of 16-float rows plus one of wide weights, a DNN
-256-128 over them. Bytes are read from traced steps (tfcluster.TrafficHook), never assumed.
+256-128 over them. Bytes are read from traced steps (tfcluster.TrafficHook), never assumed, by the bench's own
+click-through workload (scripts/bench/ctr.py --trace), so the test and the bench's C1 figure measure one thing.
 """
 
 import json
@@ -19,7 +20,7 @@ from conftest import REPO, base_env, run_local
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import clicklog  # noqa: E402
 
-PROGRAM = os.path.join(REPO, "tests", "programs", "embedding_traffic.py")
+PROGRAM = os.path.join(REPO, "scripts", "bench", "ctr.py")     # the bench's click-through workload, traced
 EXAMPLE = os.path.join(REPO, "examples", "click_through_fit.py")
 CANNED_EXAMPLE = os.path.join(REPO, "examples", "click_through.py")
 
@@ -195,7 +196,7 @@ def test_lazy_adam_moves_only_the_rows_a_step_touched_where_adam_moves_every_row
 def _traffic(tmp_path, mode, buckets=50_000):
     code, out = run_local(tmp_path, "--ps", "2", "--workers", "2", "--timeout", "200", "--", sys.executable, PROGRAM,
                           "--mode", mode, "--buckets", str(buckets), "--data-dir", str(tmp_path / "data"),
-                          timeout=260)
+                          "--examples", "4096", "--trace", "5", timeout=260)
     assert code == 0, out[-4000:]
     found = {m["task"]: m for m in (json.loads(x) for x in re.findall(r"TRAFFIC (\{.*\})", out))}
     assert set(found) == {"worker:0", "worker:1"}, out[-3000:]

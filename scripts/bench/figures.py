@@ -15,6 +15,7 @@ PANELS = {
     "mlp": "MLP 784-512-10, batch 128 per worker",
     "big": "bigger MLP 784-2048-2048-10 (5.8M parameters), batch 64 per worker",
     "cnn": "tutorials' CNN",
+    "ctr": "click-through wide & deep: 26 x H-row tables (H = 100,000 unless named), batch 512, 2 workers, 2 ps",
     "startup": "start-up and teardown, seconds",
     "pull": "pulling a 64 MB variable from a ps",
     "accuracy": "README example (digits): test accuracy points, bfloat16 - float32 wire",
@@ -35,7 +36,15 @@ GROUPS = {
                                            "tfcluster_sync_towers_2"],
     "bigger MLP": ["big_single", "big_async", "big_async_bf16", "big_sync", "big_sync_bf16"],
     "CNN": ["single_cnn", "tfcluster_async_cnn"],
+    "click-through, 2 workers (2 ps unless named)": ["ctr_async", "ctr_async_1ps", "ctr_sync", "ctr_raw_tf1",
+                                                     "ctr_tf2_pss", "ctr_async_h10k", "ctr_async_h1m", "ctr_sync_h1m",
+                                                     "ctr_async_bf16"],
 }
+#: What a peer cannot express, said in the table instead of a figure, per panel.
+NOTES = {"ctr": ["TF2 PSS has no synchronous training (ParameterServerStrategy's workers each apply their own "
+                 "gradients), so C6 has no TF2 PSS row; raw TF1 would need SyncReplicasOptimizer, not measured."]}
+#: Rows that trace a few steps and stop: their bytes are figures, their examples/s are not.
+TRACED = ("ctr_traffic", "ctr_traffic_bf16")
 
 #: The one-process MLP rows; P4 compares a cluster with the best of them, repeat by repeat.
 SINGLES = ("single_b128", "single_b256", "mirrored_2", "mirrored_4", "central_2")
@@ -131,7 +140,68 @@ def figures(runs, thr, extra):
     pair("P4 for the CNN: cluster total / single process", "tfcluster_async_cnn", "single_cnn", "cnn",
          "one process", ">= 0.9")
     _startup(out, runs, extra, add)
+    _ctr(runs, thr, add, pair)
     return out
+
+
+def _per_run(runs, name, value):
+    """``value(run)`` for each repeat of row ``name`` (None where it failed)."""
+    return [None if r is None else value(r) for r in runs.get(name) or []]
+
+
+def _traffic(run, what):
+    """Mean over the run's workers of ``what(traffic)``, from their traced steps."""
+    found = [r["traffic"] for r in run["results"] if r.get("traffic")]
+    return sum(what(t) for t in found) / len(found) if found else None
+
+
+def _received_ratio(t):
+    return t["worker_received"] / (t["row_bytes"] + t["dense_bytes"])
+
+
+def _ps_balance(run):
+    """Busiest ps's bytes (received and sent) over the mean ps's, summed over the workers' traced steps."""
+    per_ps = {}
+    for r in run["results"]:
+        for task, (got, sent) in ((r.get("traffic") or {}).get("by_task") or {}).items():
+            if task.startswith("ps:"):
+                per_ps[task] = per_ps.get(task, 0.0) + got + sent
+    return max(per_ps.values()) / (sum(per_ps.values()) / len(per_ps)) if len(per_ps) > 1 else None
+
+
+def _beyond_state(run):
+    """The largest (peak - bytes of variables held) over the run's ps tasks, in MB."""
+    peaks, state = run.get("ps_peak") or {}, run.get("ps_state") or {}
+    gaps = [(peaks[t] - state[t]) / 1e6 for t in peaks if t in state]
+    return max(gaps) if gaps else None
+
+
+def _ctr(runs, thr, add, pair):
+    """The click-through figures (docs/embeddings.md): bytes per step, peers, table size, ps count, sync, wire."""
+    add("C1 bytes a worker receives per step / (touched rows + dense weights)",
+        _per_run(runs, "ctr_traffic", lambda r: _traffic(r, _received_ratio)), "ctr", "tfcluster", "<= 1.2")
+    add("C1 bytes the ps receive per step / (touched rows + dense weights)",
+        _per_run(runs, "ctr_traffic", lambda r: _traffic(r, lambda t: t["ps_received"] / (t["row_bytes"]
+                                                                                        + t["dense_bytes"]))),
+        "ctr", "tfcluster", "<= 1.2")
+    pair("C2 tfcluster async / raw TF1 async (by hand)", "ctr_async", "ctr_raw_tf1", "ctr", "raw TF1", ">= 1.2")
+    pair("C3 tfcluster async / TF2 PSS (Keras Embedding on ShardedVariables)", "ctr_async", "ctr_tf2_pss", "ctr",
+         "TF2 PSS", ">= 1.5")
+    pair("C4 async at H = 1,000,000 / at H = 10,000", "ctr_async_h1m", "ctr_async_h10k", "ctr", "tfcluster",
+         ">= 0.9")
+    pair("C5 async on 2 ps / on 1 ps", "ctr_async", "ctr_async_1ps", "ctr", "tfcluster", ">= 1.0")
+    for name, row in (("C5 MB a ps holds beyond its variables (peak - state), 2 ps", "ctr_async"),
+                      ("C5 MB a ps holds beyond its variables (peak - state), 1 ps", "ctr_async_1ps")):
+        add(name, _per_run(runs, row, _beyond_state), "ctr", "tfcluster", "<= 400", unit="MB")
+    pair("C6 sync / async at H = 1,000,000", "ctr_sync_h1m", "ctr_async_h1m", "ctr", "tfcluster", ">= 0.85")
+    pair("C6 sync / async at H = 100,000", "ctr_sync", "ctr_async", "ctr", "tfcluster")
+    add("C7 busiest ps's traffic / mean ps's (Zipf-hot rows)", _per_run(runs, "ctr_traffic", _ps_balance), "ctr",
+        "tfcluster", "<= 1.2")
+    received = {k: _per_run(runs, k, lambda r: _traffic(r, lambda t: t["worker_received"])) for k in TRACED}
+    add("C8 bfloat16 wire / float32 wire: bytes a worker receives per step",
+        [a / b for a, b in zip(received["ctr_traffic_bf16"], received["ctr_traffic"]) if a and b], "ctr",
+        "tfcluster", "<= 0.55")
+    pair("C8 bfloat16 wire / float32 wire: examples/s", "ctr_async_bf16", "ctr_async", "ctr", "tfcluster", ">= 1.2")
 
 
 def _startup(out, runs, extra, add):

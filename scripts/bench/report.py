@@ -12,10 +12,13 @@ row's examples/s, grouped by what is compared.
 import json
 import os
 
-from figures import COLOURS, GROUPS, PANELS, summary
+from figures import COLOURS, GROUPS, NOTES, PANELS, TRACED, summary
 
 BEGIN = "<!-- bench:begin: scripts/bench.py --readme writes this table; edit the bench, not the table -->"
 END = "<!-- bench:end -->"
+#: The click-through rows' own table (``--rows 'ctr_*' --readme``), so either run leaves the other's in place.
+CTR_BEGIN = "<!-- bench-ctr:begin: scripts/bench.py --rows 'ctr_*' --readme writes this table -->"
+CTR_END = "<!-- bench-ctr:end -->"
 
 
 def _verdict(f):
@@ -29,9 +32,11 @@ def markdown(thr, figs, extra, meta, traced) -> str:
              "| figure | median | spread (min-max) | goal | |", "|---|---|---|---|---|"]
     for k, v in figs.items():
         lines.append(f"| {k} | {v['median']:.2f} | {v['min']:.2f}-{v['max']:.2f} | {v['goal']} | {_verdict(v)} |")
+    lines += [f"\n{note}" for panel, notes in NOTES.items() if any(v["panel"] == panel for v in figs.values())
+              for note in notes]
     lines += ["", "| run | processes | median examples/s | spread |", "|---|---|---|---|"]
     listed = [k for group in GROUPS.values() for k in group]
-    for k in listed + [k for k in thr if k not in listed]:
+    for k in listed + [k for k in thr if k not in listed and k not in TRACED]:
         s = summary(thr.get(k) or [])
         if s:
             lines.append(f"| {k} | {meta['layouts'].get(k, '')} | {s['median']:.0f} | {s['min']:.0f}-{s['max']:.0f} |")
@@ -75,19 +80,19 @@ def write(out, thr, figs, extra, meta, traced) -> str:
     return md
 
 
-def write_readme(path, md, out):
-    """Put ``md`` between the README's marks, with links to ``out``'s files."""
+def write_readme(path, md, out, begin=BEGIN, end=END):
+    """Put ``md`` between the README's marks (``begin``, ``end``), with links to ``out``'s files."""
     with open(path) as fh:
         text = fh.read()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"bench: {path} has no {BEGIN!r} ... {END!r} block to rewrite")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+    if begin not in text or end not in text:
+        raise SystemExit(f"bench: {path} has no {begin!r} ... {end!r} block to rewrite")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
     rel = os.path.relpath(os.path.abspath(out), os.path.dirname(os.path.abspath(path)))
     links = (f"Raw results: [{rel}/results.json]({rel}/results.json); plots: [{rel}/ratios.png]({rel}/ratios.png) "
              f"(each figure against its goal), [{rel}/throughput.png]({rel}/throughput.png) (examples/s).")
     with open(path, "w") as fh:
-        fh.write(f"{head}{BEGIN}\n{md}\n{links}\n{END}{tail}")
+        fh.write(f"{head}{begin}\n{md}\n{links}\n{end}{tail}")
 
 
 def plot_ratios(path, figs, meta):

@@ -1,0 +1,108 @@
+"""tfcluster's side of the click-through bench: examples/click_through_fit.py's wide & deep through tfcluster.fit.
+
+Run under ``tfcluster local`` (TF_CONFIG set). Each worker prints one ``BENCH`` line (examples/s, its step
+timeline). With ``--trace N`` it traces N steps after ``--after`` untraced ones (tfcluster.TrafficHook), stops
+there, and prints what those steps moved as a ``TRAFFIC`` line too: the distinct ids its batch touched, the
+bytes of those rows (deep and wide: 17 floats a row) and of the dense weights, the bytes this worker and the
+ps tasks received, each task's share, and where the tables' parts live (the placement report). Bytes come
+from the traced steps, never from a model of what should travel.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+import tfcluster  # noqa: E402
+
+tfcluster.quiet_tensorflow()
+import click_through_fit as example  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from common import report  # noqa: E402
+from tfcluster import strategies  # noqa: E402
+
+tf1 = tf.compat.v1
+TABLES = ("embeddings", "wide")
+ROW_FLOATS = 17         # a hashed value's deep row (16) and its wide weight (1)
+
+p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+p.add_argument("--mode", default="async")
+p.add_argument("--buckets", type=int, default=100_000, help="hash buckets per column")
+p.add_argument("--steps", type=int, default=600, help="global steps (ignored with --trace: it stops after)")
+p.add_argument("--batch", type=int, default=512, help="examples per worker and step")
+p.add_argument("--examples", type=int, default=100_000, help="training examples over all workers")
+p.add_argument("--data-dir", required=True)
+p.add_argument("--trace", type=int, default=0, metavar="N", help="trace N steps and stop after them")
+p.add_argument("--after", type=int, default=15, help="untraced steps before the traced ones")
+p.add_argument("--max-shard-mb", type=float, default=None,
+               help="the ps strategy's max_shard_bytes in MB (0: no limit; default: the strategy's)")
+p.add_argument("--split-kb", type=float, default=None,
+               help="the ps strategy's partition_min_bytes in KB: split variables this big over every ps")
+a = p.parse_args()
+tf1.disable_eager_execution()
+inner = example.make_model_fn(a.buckets)
+distinct = {}
+
+
+def model_fn(features, labels, mode):
+    distinct["ids"] = tf.size(tf.unique(tf.reshape(example.hashed_ids(features, a.buckets), [-1]))[0])
+    return inner(features, labels, mode)
+
+
+class Measure(tfcluster.Hook):
+    """Fetches the distinct ids on the traced steps, notes the placement, stops after the last traced step."""
+
+    def __init__(self, traffic):
+        self.traffic = traffic
+
+    def begin(self):
+        self.traffic.fetches = {"distinct": distinct["ids"]}
+        report_ = tfcluster.placement_report()
+        self.parts, self.dense = {}, 0
+        trainable = {v.op.name for v in tf1.trainable_variables()}
+        for r in report_.records:
+            if r.name not in trainable:
+                continue        # optimizer slots, sync state
+            if r.name.split("/")[0] in TABLES:
+                self.parts.setdefault(r.device, []).append(r.name)
+            else:
+                self.dense += r.nbytes
+
+    def after_run(self, run_context, run_values):
+        if self.traffic.traffic is not None:
+            run_context.request_stop()
+
+
+traffic = tfcluster.TrafficHook(after=a.after, steps=a.trace) if a.trace else None
+measure = Measure(traffic) if traffic else None
+started = time.time()
+strategy = a.mode
+if a.max_shard_mb is not None or a.split_kb is not None:
+    options = {}
+    if a.max_shard_mb is not None:
+        options["max_shard_bytes"] = int(a.max_shard_mb * 2 ** 20) or None
+    if a.split_kb is not None:
+        options["partition_min_bytes"] = int(a.split_kb * 1024)
+    strategy = strategies.ParameterServerStrategy(a.mode, **options)
+result = tfcluster.fit(model_fn, example.train_input_fn(a.data_dir, a.examples), strategy=strategy,
+                       steps=10 ** 6 if a.trace else a.steps, batch_size=a.batch,
+                       optimizer=lambda: tf1.train.AdagradOptimizer(0.05),
+                       hooks=[h for h in (traffic, measure) if h], log_every_secs=1e9)
+if result is not None:
+    extra = {}
+    if traffic is not None and traffic.traffic is not None:
+        t = traffic.traffic
+        ids = sum(v["distinct"] for v in traffic.values) / len(traffic.values)
+        extra = dict(distinct=ids, row_bytes=ids * ROW_FLOATS * 4, dense_bytes=measure.dense,
+                     worker_received=t.received_by(result.task), ps_received=t.received_by("ps"),
+                     by_task=t.by_task(), parts=measure.parts, largest_to_ps=t.largest(3, "ps"))
+        print("TRAFFIC " + json.dumps(dict(task=result.task, **extra)), flush=True)
+    report(dict(peer=f"tfcluster_{a.mode}", task=result.task, examples_per_sec=result.examples_per_sec,
+                steps=result.local_steps, first_step_at=result.first_step_at, last_step_at=result.last_step_at,
+                timeline=result.timeline, batch=a.batch, started=started, traffic=extra or None))
