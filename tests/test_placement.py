@@ -9,7 +9,7 @@ tf = pytest.importorskip("tensorflow")
 tf1 = tf.compat.v1
 
 from tfcluster import Cluster  # noqa: E402
-from tfcluster.graph.placement import (ByteBalancedSetter, PlacementReport, device_setter,  # noqa: E402
+from tfcluster.graph.placement import (ByteBalancedSetter, PlacementReport, device_setter, is_table,  # noqa: E402
                                  partition_big_variables, placement_report)
 
 PS0, PS1 = "/job:ps/task:0", "/job:ps/task:1"
@@ -78,11 +78,11 @@ def test_a_variable_bigger_than_the_shard_size_is_cut_into_parts_no_bigger():
     assert p(tf.TensorShape([784, 512]), tf.float32) == [1, 1]
 
 
-def variables_in_ps_scope(make, **options):
+def variables_in_ps_scope(make, cluster=None, **options):
     """Run ``make()`` inside a ParameterServerStrategy's scope (graph only); return its variables by name."""
     from tfcluster.strategies import ParameterServerStrategy
     strategy = ParameterServerStrategy("async", **options).bind(
-        Cluster({"worker": ["localhost:1"], "ps": ["localhost:2"]}, ("worker", 0)))
+        cluster or Cluster({"worker": ["localhost:1"], "ps": ["localhost:2"]}, ("worker", 0)))
     with tf1.Graph().as_default(), strategy.scope():
         make()
         return {v.op.name: v for v in tf1.global_variables()}
@@ -93,6 +93,30 @@ def test_ps_training_keeps_each_part_of_a_big_variable_at_most_8_mb():
     assert sorted(got) == ["emb/part_0", "emb/part_1", "emb/part_2", "w"]
     assert all(v.device == PS0 for v in got.values())
     assert max(v.shape.num_elements() * 4 for v in got.values()) <= 8 * MB
+
+
+def test_a_table_bigger_than_the_shard_size_is_one_part_per_ps_a_dense_kernel_still_8_mb_parts():
+    # A lookup moves rows, not parts; each part costs every step a gather, a transfer and an update of its own.
+    assert is_table([1_000_000, 16]) and is_table([2_600_000, 1]) and not is_table([5000, 1024])
+    p = partition_big_variables(1, min_bytes=0, max_shard_bytes=8 * MB, tables_across=2)
+    assert p(tf.TensorShape([1_000_000, 16]), tf.float32) == [2, 1]         # 64 MB: two parts, not eight
+    assert p(tf.TensorShape([100_000, 16]), tf.float32) == [1, 1]           # 6.4 MB: whole
+    assert p(tf.TensorShape([5000, 1024]), tf.float32) == [3, 1]
+
+
+def test_on_two_ps_a_table_is_a_part_on_each_and_its_optimizer_slots_follow_their_parts_unsplit():
+    def make():
+        table = tf1.get_variable("table", [1_000_000, 16])
+        kernel = tf1.get_variable("kernel", [784, 512])
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, [1, 999_999])) + tf.reduce_sum(kernel)
+        tf1.train.AdagradOptimizer(0.1).minimize(loss)
+    # partition_min_bytes splits the 1.6 MB kernel over both ps too; no slot is split again (TF's slot_creator
+    # turns a scope's partitioner off for slots; a custom getter has to say so itself).
+    got = variables_in_ps_scope(make, cluster=two_ps_cluster(("worker", 0)), partition_min_bytes=1 * MB)
+    assert sorted(got) == ["kernel/part_0", "kernel/part_0/Adagrad", "kernel/part_1", "kernel/part_1/Adagrad",
+                           "table/part_0", "table/part_0/Adagrad", "table/part_1", "table/part_1/Adagrad"]
+    assert {got[f"table/part_{i}"].device for i in (0, 1)} == {PS0, PS1}
+    assert all(got[f"{n}/Adagrad"].device == got[n].device for n in got if not n.endswith("Adagrad"))
 
 
 @pytest.mark.parametrize("how", ["numpy value", "constant_initializer of an array", "own partitioner",

@@ -141,15 +141,33 @@ def check_max_shard_bytes(max_shard_bytes: Optional[int]):
         raise SpecError(f"max_shard_bytes must be a whole number >= 1 (or None), got {max_shard_bytes!r}")
 
 
+#: A variable with at least this many rows per number in a row is a table (an embedding, a linear model's
+#: weights over hashed values): read and updated a row at a time by lookups, not pulled whole.
+TABLE_ROWS_PER_WIDTH = 64
+
+
+def is_table(shape) -> bool:
+    """True for a tall variable: a table that lookups read by rows (see :data:`TABLE_ROWS_PER_WIDTH`)."""
+    import tensorflow as tf
+    shape = tf.TensorShape(shape)
+    if shape.rank is None or shape.rank == 0 or not shape.is_fully_defined():
+        return False
+    width = shape.num_elements() // max(int(shape[0]), 1)
+    return int(shape[0]) >= TABLE_ROWS_PER_WIDTH * max(width, 1)
+
+
 def partition_big_variables(num_shards: int, min_bytes: int = 1 << 20, axis: int = 0,
-                            max_shard_bytes: Optional[int] = None):
+                            max_shard_bytes: Optional[int] = None, tables_across: Optional[int] = None):
     """A variable partitioner: variables of ``min_bytes`` or more are split into ``num_shards`` along ``axis``.
 
     With ``max_shard_bytes``, any variable bigger than that is also split into
     enough shards that none is bigger (see the module docstring for why). Use it with
     ``tf.compat.v1.variable_scope(..., partitioner=...)``; each part is a
     variable of its own, so the byte-balanced setter spreads them. Smaller
-    variables stay whole.
+    variables stay whole. With ``tables_across``, a table (:func:`is_table`)
+    bigger than ``max_shard_bytes`` is split into that many parts (one per ps)
+    instead: a lookup moves rows, not parts, and each part costs every step a
+    gather, a transfer and an update of its own (docs/embeddings.md).
     """
     if num_shards < 1:
         raise SpecError(f"num_shards must be >= 1, got {num_shards}")
@@ -164,8 +182,9 @@ def partition_big_variables(num_shards: int, min_bytes: int = 1 << 20, axis: int
             return parts
         nbytes = n * tf.as_dtype(dtype).base_dtype.size
         shards = num_shards if nbytes >= min_bytes else 1
-        if max_shard_bytes is not None:
-            shards = max(shards, -(-nbytes // max_shard_bytes))
+        if max_shard_bytes is not None and nbytes > max_shard_bytes:
+            table = tables_across is not None and axis == 0 and is_table(shape)
+            shards = max(shards, tables_across if table else -(-nbytes // max_shard_bytes))
         parts[axis] = max(1, min(shards, int(shape[axis])))
         return parts
 
@@ -176,18 +195,32 @@ def partitioning_getter(partitioner):
     """A variable-scope custom getter that applies ``partitioner`` to the variables it can split.
 
     A variable is left whole when the code chose its own partitioner, when its
-    shape is not given, or when its initial value is data (an array, a tensor,
-    or ``constant_initializer`` of an array): those cannot be split part by part.
+    shape is not given, when its initial value is data (an array, a tensor,
+    or ``constant_initializer`` of an array): those cannot be split part by part,
+    and when it is another variable's optimizer slot (TF's slot_creator turns a
+    scope's partitioner off for slots: a slot has its variable's shape and place).
     A variable the partitioner leaves in one part stays a plain variable.
     """
     def custom_getter(getter, name, *args, **kwargs):
         shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
         if kwargs.get("partitioner") is None and dtype is not None and _splittable(shape, kwargs.get("initializer")) \
-                and max(partitioner(shape, dtype), default=1) > 1:
+                and not _is_slot(name) and max(partitioner(shape, dtype), default=1) > 1:
             kwargs["partitioner"] = partitioner
         return getter(name, *args, **kwargs)
 
     return custom_getter
+
+
+def _is_slot(name: str) -> bool:
+    """True when ``name`` is directly under a variable's name: a slot (``table/part_0/Adagrad/``)."""
+    import tensorflow as tf
+    parent = name.rstrip("/").rpartition("/")[0]
+    if not parent:
+        return False
+    try:
+        return tf.compat.v1.get_default_graph().get_operation_by_name(parent).type in PS_OPS
+    except KeyError:
+        return False
 
 
 def _splittable(shape, initializer) -> bool:

@@ -135,8 +135,8 @@ class ParameterServerStrategy(Strategy):
                 stack.enter_context(tf1.variable_creator_scope(self.wire.creator()))
             if self.partition_min_bytes or self.max_shard_bytes:
                 across = self.cluster.num_tasks("ps") if self.partition_min_bytes else 1
-                p = partition_big_variables(across, self.partition_min_bytes or 0,
-                                            max_shard_bytes=self.max_shard_bytes)
+                p = partition_big_variables(across, self.partition_min_bytes or 0, max_shard_bytes=self.max_shard_bytes,
+                                            tables_across=self.cluster.num_tasks("ps"))
                 stack.enter_context(tf1.variable_scope(tf1.get_variable_scope(), custom_getter=partitioning_getter(p),
                                                        auxiliary_name_scope=False))
             yield
