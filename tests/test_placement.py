@@ -98,6 +98,7 @@ def test_ps_training_keeps_each_part_of_a_big_variable_at_most_8_mb():
 def test_a_table_bigger_than_the_shard_size_is_one_part_per_ps_a_dense_kernel_still_8_mb_parts():
     # A lookup moves rows, not parts; each part costs every step a gather, a transfer and an update of its own.
     assert is_table([1_000_000, 16]) and is_table([2_600_000, 1]) and not is_table([5000, 1024])
+    assert not is_table([16 << 20])          # a vector is pulled whole, however long
     p = partition_big_variables(1, min_bytes=0, max_shard_bytes=8 * MB, tables_across=2)
     assert p(tf.TensorShape([1_000_000, 16]), tf.float32) == [2, 1]         # 64 MB: two parts, not eight
     assert p(tf.TensorShape([100_000, 16]), tf.float32) == [1, 1]           # 6.4 MB: whole

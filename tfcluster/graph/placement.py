@@ -147,10 +147,13 @@ TABLE_ROWS_PER_WIDTH = 64
 
 
 def is_table(shape) -> bool:
-    """True for a tall variable: a table that lookups read by rows (see :data:`TABLE_ROWS_PER_WIDTH`)."""
+    """True for a tall matrix: a table that lookups read by rows (see :data:`TABLE_ROWS_PER_WIDTH`).
+
+    A vector is not one: it is pulled whole (a bias, a flat buffer), however long.
+    """
     import tensorflow as tf
     shape = tf.TensorShape(shape)
-    if shape.rank is None or shape.rank == 0 or not shape.is_fully_defined():
+    if shape.rank is None or shape.rank < 2 or not shape.is_fully_defined():
         return False
     width = shape.num_elements() // max(int(shape[0]), 1)
     return int(shape[0]) >= TABLE_ROWS_PER_WIDTH * max(width, 1)
