@@ -32,6 +32,7 @@ import fnmatch
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -110,7 +111,6 @@ _UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
 
 def ps_peaks(text):
     """``{"ps:0": bytes}`` from the launcher's ``ps memory: ps:0 peak 620.6 MB, ...`` line."""
-    import re
     return {m.group(1): float(m.group(2)) * _UNITS[m.group(3)]
             for m in re.finditer(r"(ps:\d+) peak ([\d.]+) ([KMGT]?B)\b", text)}
 

@@ -1,6 +1,7 @@
-"""What every bench workload shares: the model, the in-memory data and the result line."""
+"""What every bench workload shares: the model, the in-memory data, the result line and the peers' cluster plumbing."""
 
 import json
+import os
 import time
 
 import numpy as np
@@ -70,3 +71,41 @@ class Meter:
 def report(result):
     """Print the one line the bench driver parses."""
     print("BENCH " + json.dumps(result), flush=True)
+
+
+def four_flags(parser):
+    """The classic TF1 cluster flags (``--job_name --task_index --ps_hosts --worker_hosts``) on ``parser``."""
+    for flag in ("--job_name", "--ps_hosts", "--worker_hosts"):
+        parser.add_argument(flag)
+    parser.add_argument("--task_index", type=int)
+    return parser
+
+
+def pss_role(tf):
+    """TF_CONFIG's resolver on the chief; a worker or ps serves here until it is killed (it never returns)."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    if task["type"] in ("worker", "ps"):
+        server = tf.distribute.Server(resolver.cluster_spec(), job_name=task["type"], task_index=task["index"],
+                                      protocol="grpc", start=True)
+        server.join()
+    return resolver
+
+
+def pss_timed(coordinator, step, iterator, steps, batch, **extra):
+    """Run ``steps`` of a ParameterServerStrategy ``step`` as its tutorial does at its best, and report them.
+
+    20 warm-up steps first (tracing, first contact with every worker), then every timed step scheduled at
+    once and one ``join()``: joining every few steps would drain the workers' queues each time.
+    """
+    started = time.time()
+    for _ in range(20):
+        coordinator.schedule(step, args=(iterator,))
+    coordinator.join()
+    first = time.time()
+    for _ in range(steps):
+        coordinator.schedule(step, args=(iterator,))
+    coordinator.join()
+    end = time.time()
+    report(dict(examples_per_sec=steps * batch / (end - first), steps=steps, first_step_at=first, last_step_at=end,
+                started=started, cluster_total=True, **extra))

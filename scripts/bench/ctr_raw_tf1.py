@@ -20,17 +20,13 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import tensorflow as tf  # noqa: E402
 
 import clicklog  # noqa: E402
-from common import Meter, report  # noqa: E402
+from common import Meter, four_flags, report  # noqa: E402
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 COLUMNS, DIMENSION = len(clicklog.CATEGORICAL), 16
 
-p = argparse.ArgumentParser()
-p.add_argument("--job_name")
-p.add_argument("--task_index", type=int)
-p.add_argument("--ps_hosts")
-p.add_argument("--worker_hosts")
+p = four_flags(argparse.ArgumentParser())
 p.add_argument("--buckets", type=int, default=100_000)
 p.add_argument("--batch", type=int, default=512)
 p.add_argument("--steps", type=int, default=600, help="global steps")

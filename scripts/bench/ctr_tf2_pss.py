@@ -11,10 +11,8 @@ tf-keras does. As TF's tutorial writes it at its best: a tf.function step
 per ``schedule``, every step scheduled at once, one ``join()``.
 """
 
-import json
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -23,19 +21,14 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 import clicklog  # noqa: E402
-from common import report  # noqa: E402
+from common import pss_role, pss_timed  # noqa: E402
 
 batch = int(os.environ.get("BENCH_BATCH", "512"))
 steps = int(os.environ.get("BENCH_STEPS", "600"))
 buckets = int(os.environ.get("BENCH_BUCKETS", "100000"))
 data_dir = os.environ["BENCH_DATA_DIR"]
 COLUMNS = len(clicklog.CATEGORICAL)
-resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-task = json.loads(os.environ["TF_CONFIG"])["task"]
-if task["type"] in ("worker", "ps"):
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=task["type"], task_index=task["index"],
-                                  protocol="grpc", start=True)
-    server.join()
+resolver = pss_role(tf)
 
 num_ps = len(resolver.cluster_spec().as_dict()["ps"])
 workers = len(resolver.cluster_spec().as_dict()["worker"])
@@ -52,6 +45,8 @@ with strategy.scope():
     dnn = tf_keras.Sequential([tf_keras.layers.Dense(256, activation="relu"),
                                tf_keras.layers.Dense(128, activation="relu"), tf_keras.layers.Dense(1)])
     dnn.build([None, len(clicklog.NUMERIC) + COLUMNS * 16])
+    embed.build([None, COLUMNS])
+    wide.build([None, COLUMNS])
     bias = tf.Variable(tf.zeros([1]))
     optimizer = tf_keras.optimizers.legacy.Adagrad(0.05)
 
@@ -82,15 +77,6 @@ def step(iterator):
     return strategy.run(replica_fn, args=next(iterator))
 
 
-started = time.time()
-for _ in range(20):     # warm up: tracing, first contact with every worker
-    coordinator.schedule(step, args=(per_worker_iter,))
-coordinator.join()
-first = time.time()
-for _ in range(steps):
-    coordinator.schedule(step, args=(per_worker_iter,))
-coordinator.join()
-end = time.time()
-report(dict(peer="ctr_tf2_pss", examples_per_sec=steps * batch / (end - first), steps=steps,
-            first_step_at=first, last_step_at=end, started=started, cluster_total=True,
-            table=f"{type(embed.embeddings).__name__} of {len(getattr(embed.embeddings, 'variables', [0]))}"))
+
+pss_timed(coordinator, step, per_worker_iter, steps, batch, peer="ctr_tf2_pss",
+          table=f"{type(embed.embeddings).__name__} of {len(getattr(embed.embeddings, 'variables', [0]))}")

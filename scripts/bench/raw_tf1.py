@@ -12,16 +12,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tensorflow as tf  # noqa: E402
 
-from common import Meter, mlp_logits, report, synthetic  # noqa: E402
+from common import Meter, four_flags, mlp_logits, report, synthetic  # noqa: E402
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 
-p = argparse.ArgumentParser()
-p.add_argument("--job_name")
-p.add_argument("--task_index", type=int)
-p.add_argument("--ps_hosts")
-p.add_argument("--worker_hosts")
+p = four_flags(argparse.ArgumentParser())
 p.add_argument("--batch", type=int, default=128)
 p.add_argument("--steps", type=int, default=2000, help="global steps")
 a = p.parse_args()

@@ -10,24 +10,17 @@ one ``join()`` at the end. Joining every few steps would drain the workers'
 queues each time and make the peer look slower than it is.
 """
 
-import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tensorflow as tf  # noqa: E402
 
-from common import CLASSES, HIDDEN, INPUT, report, synthetic  # noqa: E402
+from common import CLASSES, HIDDEN, INPUT, pss_role, pss_timed, synthetic  # noqa: E402
 
 batch = int(os.environ.get("BENCH_BATCH", "128"))
 steps = int(os.environ.get("BENCH_STEPS", "1500"))
-resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-task = json.loads(os.environ["TF_CONFIG"])["task"]
-if task["type"] in ("worker", "ps"):
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=task["type"], task_index=task["index"],
-                                  protocol="grpc", start=True)
-    server.join()
+resolver = pss_role(tf)
 
 strategy = tf.distribute.ParameterServerStrategy(resolver)
 coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
@@ -60,15 +53,5 @@ def step(iterator):
     return strategy.run(replica_fn, args=next(iterator))
 
 
-started = time.time()
-# Warm up (tracing, first contact with every worker), then time the whole run: scheduled at once, one join.
-for _ in range(20):
-    coordinator.schedule(step, args=(per_worker_iter,))
-coordinator.join()
-first = time.time()
-for _ in range(steps):
-    coordinator.schedule(step, args=(per_worker_iter,))
-coordinator.join()
-end = time.time()
-report(dict(peer="tf2_pss", examples_per_sec=steps * batch / (end - first), steps=steps,
-            first_step_at=first, last_step_at=end, started=started, cluster_total=True))
+
+pss_timed(coordinator, step, per_worker_iter, steps, batch, peer="tf2_pss")
