@@ -3,6 +3,7 @@
 These build graphs against a Cluster description; no process or server is needed.
 """
 
+import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -10,7 +11,7 @@ tf1 = tf.compat.v1
 
 from tfcluster import Cluster  # noqa: E402
 from tfcluster.graph.placement import (ByteBalancedSetter, PlacementReport, device_setter, is_table,  # noqa: E402
-                                 partition_big_variables, placement_report)
+                                 partition_big_variables, partitioning_getter, placement_report)
 
 PS0, PS1 = "/job:ps/task:0", "/job:ps/task:1"
 MB = 1 << 20
@@ -118,6 +119,33 @@ def test_on_two_ps_a_table_is_a_part_on_each_and_its_optimizer_slots_follow_thei
                            "table/part_0", "table/part_0/Adagrad", "table/part_1", "table/part_1/Adagrad"]
     assert {got[f"table/part_{i}"].device for i in (0, 1)} == {PS0, PS1}
     assert all(got[f"{n}/Adagrad"].device == got[n].device for n in got if not n.endswith("Adagrad"))
+
+
+def test_on_two_ps_a_big_dense_kernel_is_split_over_both_and_a_small_one_stays_whole():
+    # Every step moves a dense variable's bytes both ways: one 1.6 MB kernel on one ps would make it the busiest.
+    got = variables_in_ps_scope(lambda: (tf1.get_variable("big", [784, 512]), tf1.get_variable("small", [128, 10])),
+                                cluster=two_ps_cluster(("worker", 0)))
+    assert sorted(got) == ["big/part_0", "big/part_1", "small"]
+    assert {got["big/part_0"].device, got["big/part_1"].device} == {PS0, PS1}
+    assert sorted(variables_in_ps_scope(lambda: tf1.get_variable("big", [784, 512]),
+                                        cluster=two_ps_cluster(("worker", 0)), partition_min_bytes=0)) == ["big"]
+
+
+@pytest.mark.parametrize("initializer", ["glorot_uniform_initializer", "truncated_normal_initializer", None])
+def test_a_split_dense_variable_starts_at_the_values_one_process_gives_it(initializer):
+    def value(split):
+        with tf1.Graph().as_default():
+            tf1.set_random_seed(7)
+            init = getattr(tf1, initializer)(seed=3) if initializer else None
+            scope = tf1.variable_scope("", custom_getter=partitioning_getter(partition_big_variables(3, min_bytes=1))) \
+                if split else tf1.variable_scope("")
+            with scope:
+                v = tf1.get_variable("kernel", [300, 40], initializer=init)
+            assert isinstance(v, tf1.PartitionedVariable) == split
+            with tf1.Session() as sess:
+                sess.run(tf1.global_variables_initializer())
+                return sess.run(tf.concat(list(v), 0) if split else v)
+    np.testing.assert_array_equal(value(split=True), value(split=False))
 
 
 @pytest.mark.parametrize("how", ["numpy value", "constant_initializer of an array", "own partitioner",

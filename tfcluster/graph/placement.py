@@ -141,6 +141,10 @@ def check_max_shard_bytes(max_shard_bytes: Optional[int]):
         raise SpecError(f"max_shard_bytes must be a whole number >= 1 (or None), got {max_shard_bytes!r}")
 
 
+#: With 2 or more ps, a dense variable at least this big is split over all of them: every step moves all of
+#: its bytes both ways, so one big kernel on one ps makes that ps the busiest (docs/embeddings.md, C7).
+SPREAD_BYTES = 256 << 10
+
 #: A variable with at least this many rows per number in a row is a table (an embedding, a linear model's
 #: weights over hashed values): read and updated a row at a time by lookups, not pulled whole.
 TABLE_ROWS_PER_WIDTH = 64
@@ -202,16 +206,43 @@ def partitioning_getter(partitioner):
     or ``constant_initializer`` of an array): those cannot be split part by part,
     and when it is another variable's optimizer slot (TF's slot_creator turns a
     scope's partitioner off for slots: a slot has its variable's shape and place).
-    A variable the partitioner leaves in one part stays a plain variable.
+    A variable the partitioner leaves in one part stays a plain variable. A
+    split variable that is not a table starts with the values one process
+    would give it (:func:`whole_then_sliced`); a table's parts start part by
+    part, as TF 1.x's partitioners do, since a whole table may not fit one task.
     """
     def custom_getter(getter, name, *args, **kwargs):
         shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
         if kwargs.get("partitioner") is None and dtype is not None and _splittable(shape, kwargs.get("initializer")) \
                 and not _is_slot(name) and max(partitioner(shape, dtype), default=1) > 1:
             kwargs["partitioner"] = partitioner
+            if not is_table(shape):
+                kwargs["initializer"] = whole_then_sliced(kwargs.get("initializer"), dtype)
         return getter(name, *args, **kwargs)
 
     return custom_getter
+
+
+def whole_then_sliced(initializer, dtype):
+    """An initializer giving each part of a split variable its slice of the whole variable's initial value.
+
+    TF initialises a partitioned variable part by part with the same seed, so its parts start alike and unlike
+    the same variable in one process; a random initializer's whole value, sliced, is the one-process value.
+    ``initializer`` None is get_variable's default (Glorot uniform for floats, zeros otherwise).
+    """
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    if initializer is None:
+        initializer = tf1.glorot_uniform_initializer() if tf.as_dtype(dtype).is_floating else tf1.zeros_initializer()
+    elif isinstance(initializer, type):
+        initializer = initializer()
+
+    def sliced(shape, dtype=None, partition_info=None):
+        if partition_info is None:
+            return initializer(shape, dtype=dtype)
+        whole = initializer(partition_info.full_shape, dtype=dtype)
+        return tf.slice(whole, partition_info.var_offset, shape)
+    return sliced
 
 
 def _is_slot(name: str) -> bool:

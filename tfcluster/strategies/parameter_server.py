@@ -28,8 +28,8 @@ from typing import Optional
 
 from ..core.checks import whole_number
 from ..core.errors import SpecError
-from ..graph.placement import (MAX_SHARD_BYTES, ByteBalancedSetter, check_max_shard_bytes, partition_big_variables,
-                               partitioning_getter)
+from ..graph.placement import (MAX_SHARD_BYTES, SPREAD_BYTES, ByteBalancedSetter, check_max_shard_bytes,
+                               partition_big_variables, partitioning_getter)
 from ..graph.sparse import install as install_distinct_lookups
 from ..graph.step import StepRunner, TrainGraph, global_step_after
 from ..graph.wire import Wire, resolve_wire
@@ -46,7 +46,8 @@ class ParameterServerStrategy(Strategy):
     ``replicas_to_aggregate`` (sync only, default: every worker) is R; the
     other workers are backups (``backups=B`` says the same as R = workers - B,
     for when the number of workers is not known yet). ``partition_min_bytes`` splits variables at
-    least that big across the ps tasks. ``max_shard_bytes`` (8 MB; None
+    least that big across the ps tasks (default: 256 KB when there are 2 or more, so no big kernel makes
+    one ps the busiest; 0 turns it off). ``max_shard_bytes`` (8 MB; None
     turns it off) splits any bigger variable into parts no bigger, which a
     worker pulls several times faster than one big tensor; the checkpoint
     still holds each variable whole. ``stall_warn_secs`` and
@@ -133,10 +134,11 @@ class ParameterServerStrategy(Strategy):
             stack.enter_context(tf1.device(self.setter))
             if self.wire.on:
                 stack.enter_context(tf1.variable_creator_scope(self.wire.creator()))
-            if self.partition_min_bytes or self.max_shard_bytes:
-                across = self.cluster.num_tasks("ps") if self.partition_min_bytes else 1
-                p = partition_big_variables(across, self.partition_min_bytes or 0, max_shard_bytes=self.max_shard_bytes,
-                                            tables_across=self.cluster.num_tasks("ps"))
+            num_ps = self.cluster.num_tasks("ps")
+            spread = SPREAD_BYTES if self.partition_min_bytes is None and num_ps > 1 else self.partition_min_bytes
+            if spread or self.max_shard_bytes:
+                p = partition_big_variables(num_ps if spread else 1, spread or 0, max_shard_bytes=self.max_shard_bytes,
+                                            tables_across=num_ps)
                 stack.enter_context(tf1.variable_scope(tf1.get_variable_scope(), custom_getter=partitioning_getter(p),
                                                        auxiliary_name_scope=False))
             yield
