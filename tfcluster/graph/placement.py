@@ -216,11 +216,24 @@ def partitioning_getter(partitioner):
         if kwargs.get("partitioner") is None and dtype is not None and _splittable(shape, kwargs.get("initializer")) \
                 and not _is_slot(name) and max(partitioner(shape, dtype), default=1) > 1:
             kwargs["partitioner"] = partitioner
-            if not is_table(shape):
+            if not is_table(shape) and _nbytes(shape, dtype) <= SLICED_INIT_MAX_BYTES:
                 kwargs["initializer"] = whole_then_sliced(kwargs.get("initializer"), dtype)
         return getter(name, *args, **kwargs)
 
     return custom_getter
+
+
+#: Each part of a split dense variable draws the whole initial value and keeps its slice: past this size
+#: that transient costs more than starting exactly where one process would is worth.
+SLICED_INIT_MAX_BYTES = 64 << 20
+
+
+def _nbytes(shape, dtype) -> int:
+    import tensorflow as tf
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * tf.as_dtype(dtype).base_dtype.size
 
 
 def whole_then_sliced(initializer, dtype):
@@ -228,13 +241,12 @@ def whole_then_sliced(initializer, dtype):
 
     TF initialises a partitioned variable part by part with the same seed, so its parts start alike and unlike
     the same variable in one process; a random initializer's whole value, sliced, is the one-process value.
-    ``initializer`` None is get_variable's default (Glorot uniform for floats, zeros otherwise).
+    ``initializer`` None stays None: get_variable's default draws each part with an op seed of its own.
     """
     import tensorflow as tf
-    tf1 = tf.compat.v1
     if initializer is None:
-        initializer = tf1.glorot_uniform_initializer() if tf.as_dtype(dtype).is_floating else tf1.zeros_initializer()
-    elif isinstance(initializer, type):
+        return None  # get_variable's default draws each part with its own op seed and the whole's fans
+    if isinstance(initializer, type):
         initializer = initializer()
 
     def sliced(shape, dtype=None, partition_info=None):
