@@ -12,7 +12,8 @@ the wire grow with the batch, not with the rows it touches.
 ``Embedding`` calls, and ``tf.compat.v1.nn``'s) look up each distinct id
 once when the table lives on a ps task:
 ``tf.unique`` on the worker, TF's own partitioned lookup of the distinct ids
-(each part's gather runs on its ps), then a gather of the rows back to the
+(each part's gather runs on its ps; under a bfloat16 wire its rows are cast
+there, graph/wire.py), then a gather of the rows back to the
 batch's order on the worker. The gradient follows the same path backwards: the
 gather's gradient sums the duplicates on the worker, and each part receives one
 row per distinct id it holds. Tables anywhere else (one process, the worker's
@@ -30,7 +31,7 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 import functools
 
 from ..core.errors import SpecError
-from . import inplace_reads, repartition
+from . import inplace_reads, repartition, wire
 
 _installed = False
 
@@ -63,7 +64,14 @@ def distinct_lookup(lookup):
         with tf.compat.v1.name_scope(name, "embedding_lookup"):
             ids = tf.convert_to_tensor(ids)
             distinct, position = tf.unique(tf.reshape(ids, [-1]))
-            rows = lookup(params, distinct, partition_strategy, None, validate_indices, max_norm)
+            narrow = wire.rows_wire(_variables(params))
+            if narrow:  # each part's rows leave its ps in 16 bits (graph/wire.py)
+                from tensorflow.python.ops import embedding_ops
+                rows = wire.unpack(embedding_ops._embedding_lookup_and_transform(
+                    params, distinct, partition_strategy, max_norm=max_norm,
+                    transform_fn=lambda part_rows: wire.pack(part_rows, narrow)[0]), None)
+            else:
+                rows = lookup(params, distinct, partition_strategy, None, validate_indices, max_norm)
             gathered = tf.gather(rows, position)
             out = tf.reshape(gathered, tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
             out.set_shape(ids.shape.concatenate(rows.shape[1:]))

@@ -33,7 +33,13 @@ Not covered, and said in one line when the graph is built: reference
 variables (``use_resource=False``, which ``disable_v2_behavior`` makes the
 default) and trainable variables of other dtypes travel as they are. Reads
 that bypass ``value()`` travel in float32 too: an explicit ``read_value()``,
-and sparse reads (an embedding lookup reads only its rows on the ps).
+and other sparse reads than ``embedding_lookup``'s.
+
+- **Rows.** An ``embedding_lookup`` of a table on the ps reads only its rows
+  there (graph/sparse.py); under bfloat16 each part's gathered rows are cast
+  on its ps and back on the worker (:func:`rows_wire`), and their gradients
+  travel as any wired gradient. Under float16 rows travel as float32: one
+  scale per part cannot ride along TF's lookup.
 
 TensorFlow is imported lazily, so importing this module stays cheap.
 """
@@ -122,6 +128,11 @@ def _task_of(device: str):
     return spec.job, spec.task
 
 
+def rows_wire(parts) -> "str | None":
+    """The 16-bit type a table's looked-up rows travel in: bfloat16 when every part is read through that wire."""
+    return "bfloat16" if parts and all(getattr(p, "_tfcluster_wire", None) == "bfloat16" for p in parts) else None
+
+
 class Wire:
     """One worker's wire: which variables are read through it, and how its gradients travel.
 
@@ -170,6 +181,7 @@ class Wire:
                 packed, scale = pack(element, self.dtype)
             with tf1.device(self.receiver):
                 v._cached_value = unpack(packed, scale)
+        v._tfcluster_wire = self.dtype
         self.wired.append(v)
 
     def gradients(self, grads_and_vars):
