@@ -273,7 +273,8 @@ def ctr_rows(steps):
 
     def local(workload, ps=2, extra=(), memory=False):
         return lambda: run_local(workload, ps=ps, extra=extra, memory=memory, timeout=900)
-    bf16, traced = ["--wire", "bfloat16"], ["--trace", "5", "--after", "20"]
+    # The traced rows place dense variables as ps on two machines would (split over both: C7 is their traffic).
+    bf16, traced = ["--wire", "bfloat16"], ["--trace", "5", "--after", "20", "--split-kb", "256"]
     return {
         "ctr_async": ("ctr", "tfcluster", local(fit("async"), memory=True)),
         "ctr_async_1ps": ("ctr", "tfcluster", local(fit("async"), ps=1, memory=True)),

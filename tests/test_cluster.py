@@ -112,6 +112,11 @@ def test_ipv6_addresses_are_accepted_in_brackets():
     assert c.as_dict() == {"worker": ["[::1]:5000"], "ps": ["[::1]:5001"]}
 
 
+def test_a_jobs_machines_count_every_name_of_loopback_as_one():
+    c = Cluster({"worker": ["localhost:9"], "ps": ["localhost:1", "127.0.0.1:2", "[::1]:3", "Node-2:4", "node-2:5"]})
+    assert c.hosts("ps") == {"loopback", "node-2"} and c.hosts("evaluator") == set()
+
+
 def test_a_cluster_cannot_be_changed_after_it_is_built():
     c = Cluster(JOBS, ("ps", 0))
     with pytest.raises(TypeError):

@@ -121,14 +121,19 @@ def test_on_two_ps_a_table_is_a_part_on_each_and_its_optimizer_slots_follow_thei
     assert all(got[f"{n}/Adagrad"].device == got[n].device for n in got if not n.endswith("Adagrad"))
 
 
-def test_on_two_ps_a_big_dense_kernel_is_split_over_both_and_a_small_one_stays_whole():
-    # Every step moves a dense variable's bytes both ways: one 1.6 MB kernel on one ps would make it the busiest.
-    got = variables_in_ps_scope(lambda: (tf1.get_variable("big", [784, 512]), tf1.get_variable("small", [128, 10])),
-                                cluster=two_ps_cluster(("worker", 0)))
+def test_on_ps_on_two_machines_a_big_dense_kernel_is_split_over_both_and_a_small_one_stays_whole():
+    # Every step moves a dense variable's bytes both ways: one 1.6 MB kernel on one ps would make its network
+    # the busiest. On one machine the ps share its CPUs and loopback, and the parts' transfers only cost.
+    def make():
+        return tf1.get_variable("big", [784, 512]), tf1.get_variable("small", [128, 10])
+    two_machines = Cluster({"worker": ["169.254.7.1:1"], "ps": ["169.254.7.2:2", "169.254.7.3:3"]}, ("worker", 0))
+    got = variables_in_ps_scope(make, cluster=two_machines)
     assert sorted(got) == ["big/part_0", "big/part_1", "small"]
     assert {got["big/part_0"].device, got["big/part_1"].device} == {PS0, PS1}
-    assert sorted(variables_in_ps_scope(lambda: tf1.get_variable("big", [784, 512]),
-                                        cluster=two_ps_cluster(("worker", 0)), partition_min_bytes=0)) == ["big"]
+    assert sorted(variables_in_ps_scope(make, cluster=two_machines, partition_min_bytes=0)) == ["big", "small"]
+    assert sorted(variables_in_ps_scope(make, cluster=two_ps_cluster(("worker", 0)))) == ["big", "small"]
+    assert sorted(variables_in_ps_scope(make, cluster=two_ps_cluster(("worker", 0)), partition_min_bytes=256 << 10)) \
+        == ["big/part_0", "big/part_1", "small"]
 
 
 @pytest.mark.parametrize("initializer", ["glorot_uniform_initializer", "truncated_normal_initializer"])

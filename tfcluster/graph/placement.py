@@ -141,8 +141,9 @@ def check_max_shard_bytes(max_shard_bytes: Optional[int]):
         raise SpecError(f"max_shard_bytes must be a whole number >= 1 (or None), got {max_shard_bytes!r}")
 
 
-#: With 2 or more ps, a dense variable at least this big is split over all of them: every step moves all of
-#: its bytes both ways, so one big kernel on one ps makes that ps the busiest (docs/embeddings.md, C7).
+#: With ps on 2 or more machines, a dense variable at least this big is split over all of them: every step
+#: moves all of its bytes both ways, so one big kernel on one ps makes that ps's network the busiest
+#: (docs/embeddings.md, C7). On one machine the parts' extra transfers cost ~10% and balance nothing.
 SPREAD_BYTES = 256 << 10
 
 #: A variable with at least this many rows per number in a row is a table (an embedding, a linear model's

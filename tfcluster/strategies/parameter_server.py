@@ -46,8 +46,8 @@ class ParameterServerStrategy(Strategy):
     ``replicas_to_aggregate`` (sync only, default: every worker) is R; the
     other workers are backups (``backups=B`` says the same as R = workers - B,
     for when the number of workers is not known yet). ``partition_min_bytes`` splits variables at
-    least that big across the ps tasks (default: 256 KB when there are 2 or more, so no big kernel makes
-    one ps the busiest; 0 turns it off). ``max_shard_bytes`` (8 MB; None
+    least that big across the ps tasks (default: 256 KB when the ps run on 2 or more machines, so no big
+    kernel makes one ps's network the busiest; 0 turns it off). ``max_shard_bytes`` (8 MB; None
     turns it off) splits any bigger variable into parts no bigger, which a
     worker pulls several times faster than one big tensor; the checkpoint
     still holds each variable whole. ``stall_warn_secs`` and
@@ -135,7 +135,9 @@ class ParameterServerStrategy(Strategy):
             if self.wire.on:
                 stack.enter_context(tf1.variable_creator_scope(self.wire.creator()))
             num_ps = self.cluster.num_tasks("ps")
-            spread = SPREAD_BYTES if self.partition_min_bytes is None and num_ps > 1 else self.partition_min_bytes
+            spread = self.partition_min_bytes
+            if spread is None:  # ps on one machine share its CPUs and loopback: evening their traffic buys nothing
+                spread = SPREAD_BYTES if len(self.cluster.hosts("ps")) > 1 else 0
             if spread or self.max_shard_bytes:
                 p = partition_big_variables(num_ps if spread else 1, spread or 0, max_shard_bytes=self.max_shard_bytes,
                                             tables_across=num_ps)

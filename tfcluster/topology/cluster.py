@@ -306,6 +306,10 @@ class Cluster:
         """The host:port of a task."""
         return self.jobs[task.job][task.index]
 
+    def hosts(self, job: str) -> set:
+        """The machines a job's tasks run on (``localhost`` and ``127.0.0.1`` are one)."""
+        return {_identity(a)[0] for a in self.jobs.get(job, ())}
+
     def num_tasks(self, job: str) -> int:
         """How many tasks a job has (0 for an absent job)."""
         return len(self.jobs.get(job, ()))
