@@ -22,6 +22,7 @@ from tfcluster.topology.cluster import Cluster, Task
 from tfcluster.topology.ports import port_is_free
 from tfcluster.runtime import shutdown
 from tfcluster.runtime.server import probe
+from tfcluster.topology.taskenv import huge_pages_pending, set_huge_pages, task_environment
 
 #: A line tfcluster itself writes: a timestamped log line or the one error line.
 OWN_LINE = re.compile(r"^(\d\d:\d\d:\d\d tfcluster: |tfcluster: error: )")
@@ -93,6 +94,10 @@ def test_a_started_ps_and_a_worker_script_compute_across_processes_and_the_ps_th
     script.write_text(PS_AND_WORKER_SCRIPT)
 
     ps = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0", env=raw_env())
+    # Started by hand, the ps starts again at once, in place, with glibc asking for huge pages for its tables.
+    if huge_pages_pending({}):
+        wait_until(lambda: "glibc.malloc.hugetlb=1" in psutil.Process(ps.pid).environ().get("GLIBC_TUNABLES", ""),
+                   20, "the ps to start again with glibc.malloc.hugetlb=1")
     worker = procs.cli("start", "--cluster", spec, "--job", "worker", "--task", "0", "--",
                        sys.executable, str(script))
     out, _ = worker.communicate(timeout=120)
@@ -110,6 +115,16 @@ def test_a_started_ps_and_a_worker_script_compute_across_processes_and_the_ps_th
     assert_only_own_lines(ps_out, "the ps")
     assert port_is_free(p_ps) and port_is_free(p_w)
     assert no_process_left(pids + [worker.pid])
+
+
+def test_a_ps_asks_glibc_for_huge_pages_and_a_tunable_the_user_set_is_kept():
+    two = Cluster({"worker": ["localhost:1"], "ps": ["localhost:2"]})
+    assert task_environment(two.with_task("ps", 0), base={})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert "GLIBC_TUNABLES" not in task_environment(two.with_task("worker", 0), base={})
+    assert set_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] == \
+        "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert set_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
+    assert not huge_pages_pending({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})
 
 
 WAIT_SCRIPT = textwrap.dedent("""

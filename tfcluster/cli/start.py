@@ -15,7 +15,7 @@ from ..core.exits import exit_status
 from ..core.tfguard import check_tensorflow
 from ..runtime.preemption import STOP_GRACE_SECS
 from ..topology.cluster import Cluster, is_loopback, parse_address
-from ..topology.taskenv import prepare_this_process, task_environment
+from ..topology.taskenv import huge_pages_pending, prepare_this_process, set_huge_pages, task_environment
 from .common import add_cluster_args, add_run_args, cluster_from_args, extra_environment, task_command
 
 log = logging.getLogger("tfcluster")
@@ -116,6 +116,9 @@ def run(args) -> int:
     cluster = cluster_from_args(args)
     task = cluster.task
     command = task_command(args)
+    if not command and task.job == "ps" and huge_pages_pending():
+        # glibc reads its tunables at start: a ps started by hand, srun or a pod starts again with them (same pid).
+        os.execve(sys.executable, sys.orig_argv, set_huge_pages(dict(os.environ)))
     if not command and task.job == "evaluator":
         raise TfclusterError("the evaluator has no server to host; give it a command after --")
     check_tensorflow(_needs_tensorflow(cluster, command, args.tf1))
