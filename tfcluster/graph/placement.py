@@ -188,7 +188,7 @@ def partition_big_variables(num_shards: int, min_bytes: int = 1 << 20, axis: int
         n = shape.num_elements()
         if n is None or shape.rank == 0:
             return parts
-        nbytes = n * tf.as_dtype(dtype).base_dtype.size
+        nbytes = _nbytes(shape, dtype)
         shards = num_shards if nbytes >= min_bytes else 1
         if max_shard_bytes is not None and nbytes > max_shard_bytes:
             table = tables_across is not None and axis == 0 and is_table(shape)
@@ -218,7 +218,7 @@ def partitioning_getter(partitioner):
                 and not _is_slot(name) and max(partitioner(shape, dtype), default=1) > 1:
             kwargs["partitioner"] = partitioner
             if not is_table(shape) and _nbytes(shape, dtype) <= SLICED_INIT_MAX_BYTES:
-                kwargs["initializer"] = whole_then_sliced(kwargs.get("initializer"), dtype)
+                kwargs["initializer"] = whole_then_sliced(kwargs.get("initializer"))
         return getter(name, *args, **kwargs)
 
     return custom_getter
@@ -230,14 +230,12 @@ SLICED_INIT_MAX_BYTES = 64 << 20
 
 
 def _nbytes(shape, dtype) -> int:
+    """Bytes of a fully defined ``shape`` of ``dtype``."""
     import tensorflow as tf
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n * tf.as_dtype(dtype).base_dtype.size
+    return tf.TensorShape(shape).num_elements() * tf.as_dtype(dtype).base_dtype.size
 
 
-def whole_then_sliced(initializer, dtype):
+def whole_then_sliced(initializer):
     """An initializer giving each part of a split variable its slice of the whole variable's initial value.
 
     TF initialises a partitioned variable part by part with the same seed, so its parts start alike and unlike
