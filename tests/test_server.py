@@ -18,6 +18,8 @@ import psutil
 import pytest
 
 from conftest import base_env, no_process_left, run_cli, wait_until
+import tfcluster
+from tfcluster.cli.start import _started_as_the_cli
 from tfcluster.topology.cluster import Cluster, Task
 from tfcluster.topology.ports import port_is_free
 from tfcluster.runtime import shutdown
@@ -125,6 +127,12 @@ def test_a_ps_asks_glibc_for_huge_pages_and_a_tunable_the_user_set_is_kept():
         "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     assert set_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
     assert not huge_pages_pending({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})
+
+
+def test_only_the_tfcluster_command_starts_again_for_huge_pages_not_a_program_that_calls_its_main():
+    assert _started_as_the_cli("/usr/local/bin/tfcluster")
+    assert _started_as_the_cli(os.path.join(os.path.dirname(tfcluster.__file__), "__main__.py"))
+    assert not _started_as_the_cli("train.py")
 
 
 WAIT_SCRIPT = textwrap.dedent("""

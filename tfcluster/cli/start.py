@@ -111,12 +111,20 @@ def _slurm_resources(args, task):
     return mine
 
 
+def _started_as_the_cli(argv0=None) -> bool:
+    """True when this process is the tfcluster command itself (``tfcluster`` or ``python -m tfcluster``), so
+    starting it again runs only the CLI: a program that calls the CLI's main in-process would run again whole."""
+    argv0 = os.path.abspath(sys.argv[0] if argv0 is None else argv0)
+    package_main = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "__main__.py")
+    return os.path.basename(argv0) == "tfcluster" or argv0 == package_main
+
+
 def run(args) -> int:
     """Host a task's server, or run a command as that task with TF_CONFIG set."""
     cluster = cluster_from_args(args)
     task = cluster.task
     command = task_command(args)
-    if not command and task.job == "ps" and huge_pages_pending():
+    if not command and task.job == "ps" and huge_pages_pending() and _started_as_the_cli():
         # glibc reads its tunables at start: a ps started by hand, srun or a pod starts again with them (same pid).
         os.execve(sys.executable, sys.orig_argv, set_huge_pages(dict(os.environ)))
     if not command and task.job == "evaluator":
