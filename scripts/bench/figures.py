@@ -195,8 +195,8 @@ def _ctr(runs, thr, add, pair):
         add(name, _per_run(runs, row, _beyond_state), "ctr", "tfcluster", "<= 400", unit="MB")
     pair("C6 sync / async at H = 1,000,000", "ctr_sync_h1m", "ctr_async_h1m", "ctr", "tfcluster", ">= 0.85")
     pair("C6 sync / async at H = 100,000", "ctr_sync", "ctr_async", "ctr", "tfcluster")
-    add("C7 busiest ps's traffic / mean ps's (Zipf-hot rows; dense split as on 2 machines)", _per_run(runs, "ctr_traffic", _ps_balance), "ctr",
-        "tfcluster", "<= 1.2")
+    add("C7 busiest ps's traffic / mean ps's (Zipf-hot rows; dense split as on 2 machines)",
+        _per_run(runs, "ctr_traffic", _ps_balance), "ctr", "tfcluster", "<= 1.2")
     received = {k: _per_run(runs, k, lambda r: _traffic(r, lambda t: t["worker_received"])) for k in TRACED}
     add("C8 bfloat16 wire / float32 wire: bytes a worker receives per step",
         [a / b for a, b in zip(received["ctr_traffic_bf16"], received["ctr_traffic"]) if a and b], "ctr",

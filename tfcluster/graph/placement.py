@@ -244,7 +244,7 @@ def whole_then_sliced(initializer):
     """
     import tensorflow as tf
     if initializer is None:
-        return None  # get_variable's default draws each part with its own op seed and the whole's fans
+        return None
     if isinstance(initializer, type):
         initializer = initializer()
 

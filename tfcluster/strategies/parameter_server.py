@@ -139,7 +139,7 @@ class ParameterServerStrategy(Strategy):
             if spread is None:  # ps on one machine share its CPUs and loopback: evening their traffic buys nothing
                 spread = SPREAD_BYTES if len(self.cluster.hosts("ps")) > 1 else 0
             if spread or self.max_shard_bytes:
-                p = partition_big_variables(num_ps if spread else 1, spread or 0, max_shard_bytes=self.max_shard_bytes,
+                p = partition_big_variables(num_ps if spread else 1, spread, max_shard_bytes=self.max_shard_bytes,
                                             tables_across=num_ps)
                 stack.enter_context(tf1.variable_scope(tf1.get_variable_scope(), custom_getter=partitioning_getter(p),
                                                        auxiliary_name_scope=False))
