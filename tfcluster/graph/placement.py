@@ -16,6 +16,7 @@ as eight 8 MB variables (0.9 against 2.5 GB/s here; P7 in scripts/bench.py).
 TensorFlow is imported lazily, so importing this module stays cheap.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -214,14 +215,57 @@ def partitioning_getter(partitioner):
     """
     def custom_getter(getter, name, *args, **kwargs):
         shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
-        if kwargs.get("partitioner") is None and dtype is not None and _splittable(shape, kwargs.get("initializer")) \
-                and not _is_slot(name) and max(partitioner(shape, dtype), default=1) > 1:
+        ours = kwargs.get("partitioner") is None and dtype is not None \
+            and _splittable(shape, kwargs.get("initializer")) and not _is_slot(name) \
+            and max(partitioner(shape, dtype), default=1) > 1
+        if ours:
             kwargs["partitioner"] = partitioner
             if not is_table(shape) and _nbytes(shape, dtype) <= SLICED_INIT_MAX_BYTES:
                 kwargs["initializer"] = whole_then_sliced(kwargs.get("initializer"))
-        return getter(name, *args, **kwargs)
+        variable = getter(name, *args, **kwargs)
+        if ours and type(variable).__name__ == "PartitionedVariable":
+            for part in variable:
+                part._tfcluster_split = True
+        return variable
 
     return custom_getter
+
+
+@contextlib.contextmanager
+def spread_over_ps(cluster, partition_min_bytes: Optional[int] = None,
+                   max_shard_bytes: Optional[int] = MAX_SHARD_BYTES):
+    """Variables made inside are split over ``cluster``'s ps where it pays: a table over ``max_shard_bytes`` in
+    one part per ps, another variable over it in parts no bigger, and (ps on 2+ machines, or
+    ``partition_min_bytes``) every variable of ``SPREAD_BYTES`` or more over every ps. A program's own
+    partitioner is kept (:func:`partitioning_getter`)."""
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    num_ps = cluster.num_tasks("ps")
+    spread = partition_min_bytes
+    if spread is None:  # ps on one machine share its CPUs and loopback: evening their traffic buys nothing
+        spread = SPREAD_BYTES if len(cluster.hosts("ps")) > 1 else 0
+    if not (spread or max_shard_bytes):
+        yield
+        return
+    p = partition_big_variables(num_ps if spread else 1, spread, max_shard_bytes=max_shard_bytes,
+                                tables_across=num_ps)
+    with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=partitioning_getter(p),
+                            auxiliary_name_scope=False):
+        yield
+
+
+def parts_of(params) -> list:
+    """The variables (or tensors) of ``params``: a PartitionedVariable, a list of parts, or one."""
+    if isinstance(params, (list, tuple)) or type(params).__name__ == "PartitionedVariable":
+        return list(params)
+    return [params]
+
+
+def split_by_tfcluster(params) -> bool:
+    """True when ``params`` (a PartitionedVariable or its parts) was split by :func:`partitioning_getter`, not by
+    the code's own partitioner: the code saw one variable, so it is looked up as one (``"div"``: id i is row i)."""
+    parts = parts_of(params)
+    return len(parts) > 1 and all(getattr(p, "_tfcluster_split", False) for p in parts)
 
 
 #: Each part of a split dense variable draws the whole initial value and keeps its slice: past this size

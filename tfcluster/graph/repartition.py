@@ -32,6 +32,8 @@ import json
 import logging
 import os
 
+from .placement import parts_of
+
 log = logging.getLogger("tfcluster")
 
 #: The graph collection of the variables (their names) that a "mod" lookup reads.
@@ -47,9 +49,7 @@ def record_lookup(params, partition_strategy: str):
     if partition_strategy != "mod":
         return
     import tensorflow as tf
-    parts = list(params) if isinstance(params, (list, tuple)) or type(params).__name__ == "PartitionedVariable" \
-        else [params]
-    for part in parts:
+    for part in parts_of(params):
         if isinstance(part, tf.Variable) and part.op.name not in part.graph.get_collection(MOD_LOOKUPS):
             part.graph.add_to_collection(MOD_LOOKUPS, part.op.name)
 
@@ -81,13 +81,6 @@ def _names_to_variables(saver) -> dict:
     return names
 
 
-def _parts(value) -> list:
-    """The variables holding one checkpoint name: its parts, or the one variable."""
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "PartitionedVariable":
-        return list(value)
-    return [value]
-
-
 def _split_of(parts, mod: bool) -> Split:
     """The split of these variables: their slice infos, or one part of all the rows."""
     rows = []
@@ -110,11 +103,11 @@ def graph_splits(saver, graph) -> dict:
     """{checkpoint name: Split} of the tables ``graph`` looks up with "mod", and of their slots."""
     mod = set(graph.get_collection(MOD_LOOKUPS))
     names = _names_to_variables(saver)
-    tables = {name: _full_shape(_parts(value))[0] for name, value in names.items()
-              if any(getattr(getattr(v, "op", None), "name", None) in mod for v in _parts(value))}
+    tables = {name: _full_shape(parts_of(value))[0] for name, value in names.items()
+              if any(getattr(getattr(v, "op", None), "name", None) in mod for v in parts_of(value))}
     out = {}
     for name, value in names.items():
-        parts = _parts(value)
+        parts = parts_of(value)
         if not (hasattr(parts[0], "shape") and parts[0].shape.rank):
             continue
         # The table, and its optimizer slots: named below it, with as many rows.
@@ -251,7 +244,7 @@ def remap_restore(saver, sess, prefix: str) -> bool:
                 tf.compat.v1.name_scope("tfcluster_repartition"):
             fills = []
             for name in moved:
-                parts = sorted(_parts(names[name]), key=lambda v: _split_of([v], False).parts[0])
+                parts = sorted(parts_of(names[name]), key=lambda v: _split_of([v], False).parts[0])
                 split = now.get(name) or _split_of(parts, False)
                 for index, part in enumerate(parts):
                     with tf.device(part.device):

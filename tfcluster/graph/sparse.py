@@ -32,21 +32,15 @@ import functools
 
 from ..core.errors import SpecError
 from . import inplace_reads, repartition, wire
+from .placement import parts_of, split_by_tfcluster
 
 _installed = False
-
-
-def _variables(params) -> list:
-    """The variables (or tensors) of ``params``: a PartitionedVariable, a list of parts, or one."""
-    if isinstance(params, (list, tuple)) or type(params).__name__ == "PartitionedVariable":
-        return list(params)
-    return [params]
 
 
 def on_ps(params) -> bool:
     """True when any part of ``params`` is placed on a ps task (its reads cross the wire)."""
     import tensorflow as tf
-    for p in _variables(params):
+    for p in parts_of(params):
         device = getattr(p, "device", "") or ""
         if tf.DeviceSpec.from_string(device).job == "ps":
             return True
@@ -58,13 +52,17 @@ def distinct_lookup(lookup):
     @functools.wraps(lookup)
     def embedding_lookup(params, ids, partition_strategy="mod", name=None, validate_indices=True, max_norm=None):
         import tensorflow as tf
+        if split_by_tfcluster(params):
+            # The code made one variable: id i must stay row i of it, so checkpoints, warm starts and
+            # get_variable_value read the table as the code wrote it ("mod" would deal ids over the parts).
+            partition_strategy = "div"
         repartition.record_lookup(params, partition_strategy)     # its rows restore by id into any split
         if not on_ps(params) or isinstance(ids, (tf.SparseTensor, tf.RaggedTensor, tf.compat.v1.SparseTensorValue)):
             return lookup(params, ids, partition_strategy, name, validate_indices, max_norm)
         with tf.compat.v1.name_scope(name, "embedding_lookup"):
             ids = tf.convert_to_tensor(ids)
             distinct, position = tf.unique(tf.reshape(ids, [-1]))
-            narrow = wire.rows_wire(_variables(params))
+            narrow = wire.rows_wire(parts_of(params))
             if narrow:  # each part's rows leave its ps in 16 bits (graph/wire.py)
                 from tensorflow.python.ops import embedding_ops
                 rows = wire.unpack(embedding_ops._embedding_lookup_and_transform(

@@ -28,8 +28,7 @@ from typing import Optional
 
 from ..core.checks import whole_number
 from ..core.errors import SpecError
-from ..graph.placement import (MAX_SHARD_BYTES, SPREAD_BYTES, ByteBalancedSetter, check_max_shard_bytes,
-                               partition_big_variables, partitioning_getter)
+from ..graph.placement import MAX_SHARD_BYTES, ByteBalancedSetter, check_max_shard_bytes, spread_over_ps
 from ..graph.sparse import install as install_distinct_lookups
 from ..graph.step import StepRunner, TrainGraph, global_step_after
 from ..graph.wire import Wire, resolve_wire
@@ -134,15 +133,7 @@ class ParameterServerStrategy(Strategy):
             stack.enter_context(tf1.device(self.setter))
             if self.wire.on:
                 stack.enter_context(tf1.variable_creator_scope(self.wire.creator()))
-            num_ps = self.cluster.num_tasks("ps")
-            spread = self.partition_min_bytes
-            if spread is None:  # ps on one machine share its CPUs and loopback: evening their traffic buys nothing
-                spread = SPREAD_BYTES if len(self.cluster.hosts("ps")) > 1 else 0
-            if spread or self.max_shard_bytes:
-                p = partition_big_variables(num_ps if spread else 1, spread, max_shard_bytes=self.max_shard_bytes,
-                                            tables_across=num_ps)
-                stack.enter_context(tf1.variable_scope(tf1.get_variable_scope(), custom_getter=partitioning_getter(p),
-                                                       auxiliary_name_scope=False))
+            stack.enter_context(spread_over_ps(self.cluster, self.partition_min_bytes, self.max_shard_bytes))
             yield
 
     def describe(self) -> str:
