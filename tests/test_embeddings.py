@@ -128,8 +128,9 @@ def test_a_mod_table_restores_by_id_into_any_part_count_with_its_optimizer_slots
     its own row and slot (the saved split is recorded beside the checkpoint, or read from its .meta)."""
     from tensorflow.python.training import saver as saver_module
     from tfcluster.graph import repartition
-    monkeypatch.setattr(saver_module.Saver, "save", saver_module.Saver.save)      # put back after the test
-    monkeypatch.setattr(saver_module.Saver, "restore", saver_module.Saver.restore)
+    for name in ("save", "restore"):    # TF's own Saver here (an Estimator may have installed tfcluster's); back after
+        method = getattr(saver_module.Saver, name)
+        monkeypatch.setattr(saver_module.Saver, name, getattr(method, "__wrapped__", method))
     monkeypatch.setattr(repartition, "_installed", False)
     # Saved by TF's own Saver before tfcluster's is installed: with its .meta graph, and without.
     foreign = _table_phase(tmp_path, 2, "mod", save="tf1.ckpt")
@@ -308,3 +309,27 @@ def test_a_tf1_table_saved_in_two_parts_restores_on_three_ps_on_one_ps_and_in_on
     for (_, before), (after, _) in zip(runs, runs[1:] + [(alone, None)]):
         np.testing.assert_allclose(after["predictions"], before["predictions"], rtol=1e-6, atol=1e-7)
     assert not np.allclose(runs[0][0]["predictions"], runs[-1][1]["predictions"])     # and training moved them
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_tf1_estimator_s_table_without_a_partitioner_trains_over_both_ps_and_predicts_its_ids_in_one_process(
+        tmp_path):
+    """A model_fn's 9.6 MB table, no partitioner, TF 1.x's default ("mod") lookup: split as fit splits tables, and
+    read by id as the one variable the code made."""
+    script = os.path.join(REPO, "tests", "legacy", "estimator_table.py")
+    code, out = run_local(tmp_path, "--tf1", "--ps", "2", "--workers", "1", "--timeout", "150", "--",
+                          "python", script, "--model_dir", str(tmp_path / "model"), timeout=200)
+    assert code == 0, out[-4000:]
+    built = {t["mode"]: t["devices"] for t in _json_lines("TABLE", out)}
+    assert sorted(re.search(r"/job:ps/task:\d", d).group(0) for d in built["train"]) == \
+        ["/job:ps/task:0", "/job:ps/task:1"], built                                   # one part on each ps
+    assert len(built["infer"]) == 1                                                   # whole, in one process
+    predicted = _json_lines("PREDICT", out)[0]
+    # Every id reads its own row after the restore into one part (under "mod" a restore by row gives another's).
+    assert len(predicted) == 11 and all(v == pytest.approx(learned, abs=1e-3) for v, learned in predicted.values()), \
+        predicted
+    # The code made one variable, so its checkpoint holds it as one: id i is row i (get_variable_value, warm starts).
+    import tensorflow as tf
+    saved = tf.train.load_variable(tf.train.latest_checkpoint(str(tmp_path / "model")), "table")
+    assert all(saved[int(i)].sum() == pytest.approx(learned, abs=1e-3) for i, (_, learned) in predicted.items())

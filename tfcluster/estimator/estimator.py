@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from ..core.checks import whole_number
 from ..core.errors import SpecError
+from ..graph.sparse import install as install_distinct_lookups
 from . import export as export_lib
 from . import inference
 from . import warm_start as warm_start_lib
@@ -40,6 +41,9 @@ class Estimator:
             model_dir = tempfile.mkdtemp()
             log.warning("no model_dir given: using the temporary dir %s", model_dir)
         check_model_fn(model_fn, params)
+        # Before model_fn builds a graph: a table trained in parts (one per ps) restores by id into one process
+        # for evaluate, predict and export, whatever its lookup's partition_strategy (graph/repartition.py).
+        install_distinct_lookups()
         self._warm_start_settings = warm_start_lib.settings(warm_start_from)
         self._model_fn = model_fn
         self._config = config.replace(model_dir=model_dir)

@@ -3,13 +3,14 @@
 The ``model_fn`` builds its own ``train_op``; tfcluster supplies the rest of
 what TF 1.x's Estimator took from ``replica_device_setter`` and
 ``MonitoredTrainingSession``, with tfcluster's fixes: variables go to the ps
-tasks by bytes (:mod:`tfcluster.graph.placement`), every session sees only the ps
+tasks by bytes, a big table in one part per ps (:mod:`tfcluster.graph.placement`), every session sees only the ps
 tasks and itself, a non-chief starts within a second of the chief instead of
 waiting TF's 30 s (or the Estimator's extra (task_id + 1) x 5 s), a lost ps
 or worker is recovered a bounded number of times, and false duplicate
 aborts are rerun. The chief checkpoints and writes summaries in ``model_dir``.
 """
 
+import contextlib
 import logging
 import math
 import os
@@ -20,7 +21,7 @@ import tensorflow as tf
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import ModelFnError, TfclusterError
 from ..core.tferrors import cause, hint
-from ..graph.placement import ByteBalancedSetter, placement_report, record_ps_state
+from ..graph.placement import ByteBalancedSetter, placement_report, record_ps_state, spread_over_ps
 from ..graph.sparse import install as install_distinct_lookups
 from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..runtime.checkpoints import checkpoint_step
@@ -214,7 +215,10 @@ def _build(estimator, input_fn, cluster, setter, collective=None):
     features, labels, init_local, iterator = call_input_fn(input_fn, ModeKeys.TRAIN, estimator.params, config,
                                                            worker_cpu, input_context(config))
     params, hooks = estimator.params, []
-    with tf1.device(setter):
+    # On tfcluster's placement, a big table goes over every ps as fit's does, though model_fn gave no partitioner
+    # (docs/embeddings.md); a RunConfig's own device_fn places as it says, whole.
+    spread = spread_over_ps(cluster) if isinstance(setter, ByteBalancedSetter) else contextlib.nullcontext()
+    with tf1.device(setter), spread:
         if replicas_of(config) > 1:
             spec = build_replicas(estimator.model_fn, iterator, features, labels, params, config, towers_for(config),
                                   collective)
