@@ -39,9 +39,12 @@ def _checkpoint_step(train_dir):
 
 
 def run_slim(tmp_path, cluster, *args):
-    """slim_train.py under ``tfcluster local --tf1 CLUSTER``, to a clean exit; the launcher's output."""
-    code, out = run_local(tmp_path, "--tf1", *cluster, "--", "python", SLIM_TRAIN, "--train_dir", tmp_path / "train",
-                          *args)
+    """slim_train.py under ``tfcluster local --tf1 CLUSTER``, to a clean exit; the launcher's output.
+
+    The launcher's own timeout ends a run that hangs before pytest's does, so a failure shows what each task said.
+    """
+    code, out = run_local(tmp_path, "--tf1", "--timeout", 180, *cluster, "--", "python", SLIM_TRAIN, "--train_dir",
+                          tmp_path / "train", *args)
     assert code == 0, out[-4000:]
     return out
 

@@ -6,7 +6,9 @@
 - a non-chief that starts after its chief finished and exited still ends: its sessions see only the ps and
   itself (``--session-fixes-only``, for scripts that import ``tensorflow.compat.v1`` themselves);
 - a trainer of a cluster with ps tasks that trains a private copy in a local session says so;
-- each ``tf.logging`` line shows once, in TF's format, or in absl's once ``tf.app.run`` set absl's logging up.
+- each ``tf.logging`` line shows once, in TF's format, or in absl's once ``tf.app.run`` set absl's logging up;
+- a SyncReplicasOptimizer push is finished once, and the thread that pushed returns only after its step is applied,
+  whichever thread's run looks first (a Supervisor's checkpoint thread runs beside the train thread).
 """
 
 import json
@@ -198,3 +200,75 @@ def test_a_trainer_of_a_cluster_with_ps_that_trains_in_a_local_session_says_it_t
     alone = run_tf1(tmp_path, PRIVATE)            # no cluster: nothing to say
     assert alone.returncode == 0 and "private copy" not in alone.stderr
 
+
+#: The interleaving that hung a slim chief once in a few runs: the Supervisor's checkpoint thread runs just after
+#: the train thread's push and takes the step's wait; the train thread looks while that wait is still on.
+TWO_LOOKS = r'''
+import json
+import threading
+import time
+
+import tensorflow as tf
+
+from tfcluster.strategies import sync_replicas, sync_run
+
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+pushed, saver_finishing, finishes = threading.Event(), threading.Event(), []
+real_finish, real_look = sync_run.SyncFinish.finish, sync_replicas._finish_pushes
+
+
+def finish(self):               # the other thread's look takes the push; its wait is slow, as a wait for workers is
+    finishes.append(threading.current_thread().name)
+    saver_finishing.set()
+    time.sleep(0.5)
+    return real_finish(self)
+
+
+def look(session):              # the train thread looks once the other thread is finishing its push
+    if threading.current_thread().name == "train":
+        pushed.set()
+        saver_finishing.wait(10)
+    return real_look(session)
+
+
+sync_run.SyncFinish.finish, sync_replicas._finish_pushes = finish, look
+w = tf1.get_variable("w", [], initializer=tf1.zeros_initializer())
+gs = tf1.train.get_or_create_global_step()
+opt = sync_replicas.SyncReplicasOptimizer(tf1.train.GradientDescentOptimizer(0.1), 1, 1, stall_warn_secs=1,
+                                          stall_timeout_secs=5)
+train = opt.minimize((w - 1.0) ** 2, global_step=gs)
+out = {}
+with tf1.Session() as sess:
+    sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
+    opt.make_session_run_hook(True).after_create_session(sess, None)
+
+    def train_thread():
+        sess.run(train)
+        out["train thread sees"] = int(sess.run(gs))
+
+    def saver_thread():
+        pushed.wait(10)
+        out["saver thread sees"] = int(sess.run(gs))
+    threads = [threading.Thread(target=train_thread, name="train"), threading.Thread(target=saver_thread, name="saver")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for _ in range(3):
+        sess.run(train)
+    out["finishes"], out["global step"] = finishes, int(sess.run(gs))
+print("OUT " + json.dumps(out))
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_sync_push_is_finished_once_and_its_thread_returns_after_the_update_whichever_thread_looks_first(tmp_path):
+    script = tmp_path / "two_looks.py"
+    script.write_text(TWO_LOOKS)
+    r = subprocess.run([PY, str(script)], capture_output=True, text=True, env=base_env(), timeout=100)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.split("OUT ", 1)[1])
+    assert out["train thread sees"] == 1, out        # its step applied before its run returned
+    assert out["finishes"] == ["saver", "MainThread", "MainThread", "MainThread"], out   # one wait per push
+    assert out["global step"] == 4, out

@@ -238,6 +238,8 @@ class KerasSync:
 # ------------------------------------------------------------------ the wait after a pushing run
 _installed = []
 _busy = threading.local()
+#: One look at a time: a push is finished once, and the thread that pushed returns only after it was applied.
+_looking = threading.Lock()
 
 
 def finish_after_pushing_runs():
@@ -284,8 +286,13 @@ def _finish_pushes(session):
         return
     _busy.on = True
     try:
-        for finish in finishes:
-            if not finish.driven and finish.pushed(session):
-                finish.finish()
+        # Without one look at a time, two threads that both saw the push count move finished one push twice
+        # (the second then waited for a step this worker never pushed for: a slim chief hung so, its
+        # Supervisor's checkpoint thread looking just after the train thread's push), or the thread that
+        # pushed returned, and pushed again, before the other had applied the step.
+        with _looking:
+            for finish in finishes:
+                if not finish.driven and finish.pushed(session):
+                    finish.finish()
     finally:
         _busy.on = False
