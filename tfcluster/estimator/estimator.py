@@ -41,8 +41,8 @@ class Estimator:
             model_dir = tempfile.mkdtemp()
             log.warning("no model_dir given: using the temporary dir %s", model_dir)
         check_model_fn(model_fn, params)
-        # Before model_fn builds a graph: a table trained in parts (one per ps) restores by id into one process
-        # for evaluate, predict and export, whatever its lookup's partition_strategy (graph/repartition.py).
+        # Before model_fn builds any graph: on ps a lookup reads each distinct row once, and a table trained in
+        # parts restores by id into one process for evaluate, predict and export (graph/sparse.py).
         install_distinct_lookups()
         self._warm_start_settings = warm_start_lib.settings(warm_start_from)
         self._model_fn = model_fn

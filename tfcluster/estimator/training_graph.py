@@ -22,7 +22,6 @@ from ..core.duplicates import rerun_in_every_session
 from ..core.errors import ModelFnError, TfclusterError
 from ..core.tferrors import cause, hint
 from ..graph.placement import ByteBalancedSetter, placement_report, record_ps_state, spread_over_ps
-from ..graph.sparse import install as install_distinct_lookups
 from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..runtime.checkpoints import checkpoint_step
 from ..runtime.server import task_server, wait_for_cluster
@@ -196,8 +195,6 @@ def device_fn(config, cluster, collective=None):
     worker's own copy."""
     if collective is not None:
         return collective.host
-    if cluster is not None and cluster.num_tasks("ps"):
-        install_distinct_lookups()      # a lookup reads each distinct row once from the ps (graph/sparse.py)
     if config.device_fn is None and cluster is not None and cluster.num_tasks("ps"):
         return ByteBalancedSetter.for_cluster(cluster)
     return config.device_fn
