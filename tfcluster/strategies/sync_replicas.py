@@ -14,9 +14,12 @@ builds ``fit``'s sync step (:mod:`.sync`):
 - every run in which this worker pushed is followed, inside ``Session.run``,
   by the step's wait (:class:`~.sync_run.SyncFinish`): a worker waits until
   the chief applied the step; the chief waits for R distinct workers'
-  gradients and applies them once. Each wait is bounded: after
-  ``stall_warn_secs`` it names the workers that have not pushed, after
-  ``stall_timeout_secs`` it stops with :class:`~tfcluster.core.errors.SyncStallError`;
+  gradients and applies them once. One thread looks at a time, so when
+  another thread's run (a Supervisor's checkpoint thread) looks first and
+  takes the wait, the run that pushed still returns only after it. Each
+  wait is bounded: after ``stall_warn_secs`` it names the workers that have
+  not pushed, after ``stall_timeout_secs`` it stops with
+  :class:`~tfcluster.core.errors.SyncStallError`;
 - no thread of the chief's applies updates: ``get_chief_queue_runner`` gives
   a runner that ends at once, and ``get_init_tokens_op`` a no-op.
 
