@@ -325,3 +325,35 @@ def test_killed_workers_restarted_by_hand_let_the_sync_run_finish(tmp_path, proc
     assert run.result("worker0")["global_step"] == steps
     assert run.result("worker1")["global_step"] == steps
     assert "every trainer is done" in run.log("ps")
+
+
+@pytest.mark.timeout(60)
+def test_a_sessions_local_init_sets_the_sync_step_to_the_global_step_every_time():
+    """A restarted chief joins at the live global step; its local init must never leave its sync step at 0.
+
+    The local init runs the local variables' initialisers and the step's assignment in one run; TF orders
+    neither before the other unless the graph says so (one run in ~50 zeroed it, and a chief restarted by
+    hand waited for gradients of step 0 for ever).
+    """
+    from types import SimpleNamespace
+
+    from tfcluster.strategies.sync import SyncGraph
+    from tfcluster.training.session import scaffold_ops
+    tf1 = tf.compat.v1
+    with tf.Graph().as_default():
+        gs = tf1.train.get_or_create_global_step()
+        w = tf1.get_variable("w", [2], initializer=tf1.zeros_initializer())
+        graph = SyncGraph(["worker:0", "worker:1"], 0, 2, gs, [(tf.ones([2]), w)],
+                          lambda aggregated: tf1.assign_add(gs, 1), "")
+        train_graph = SimpleNamespace(local_init_ops=[graph.local_step_init],
+                                      chief_local_init_ops=graph.chief_init_ops(),
+                                      state_variables=graph.state_variables)
+        local_init = scaffold_ops(train_graph, is_chief=True)[3]
+        with tf1.Session() as session:
+            session.run(tf1.global_variables_initializer())
+            session.run(gs.assign(50))
+            steps = []
+            for _ in range(2000):
+                session.run(local_init)
+                steps.append(int(session.run(graph.local_step)))
+    assert set(steps) == {50}, {s: steps.count(s) for s in set(steps)}

@@ -135,7 +135,10 @@ class SyncGraph:
                 # local init that read the ps would fail on a worker whose chief has not initialised it yet).
                 self.local_step = tf1.Variable(tf.constant(0, tf.int64), trainable=False, use_resource=True,
                                                name="local_step", collections=[tf1.GraphKeys.LOCAL_VARIABLES])
-                self.local_step_init = self.local_step.assign(self.read_global_step(), read_value=False)
+                # After its own initialiser: a session's local init runs both in one run, in no set order, and
+                # a restarted chief whose step was set, then zeroed, waited for gradients of step 0 for ever.
+                with tf.control_dependencies([self.local_step.initializer]):
+                    self.local_step_init = self.local_step.assign(self.read_global_step(), read_value=False)
                 # The loss of a step whose wait timed out is still reported, from here.
                 self.last_loss = tf1.Variable(float("nan"), trainable=False, use_resource=True, name="last_loss",
                                               collections=[tf1.GraphKeys.LOCAL_VARIABLES])
