@@ -137,8 +137,11 @@ class SyncGraph:
                                                name="local_step", collections=[tf1.GraphKeys.LOCAL_VARIABLES])
                 # After its own initialiser: a session's local init runs both in one run, in no set order, and
                 # a restarted chief whose step was set, then zeroed, waited for gradients of step 0 for ever.
+                # Only the assignment waits for it: a read on the ps that waited for this worker would make the
+                # ps dial it, and a worker created again at a new address is dialled at its old one for 30 s.
+                global_step = self.read_global_step()
                 with tf.control_dependencies([self.local_step.initializer]):
-                    self.local_step_init = self.local_step.assign(self.read_global_step(), read_value=False)
+                    self.local_step_init = self.local_step.assign(global_step, read_value=False)
                 # The loss of a step whose wait timed out is still reported, from here.
                 self.last_loss = tf1.Variable(float("nan"), trainable=False, use_resource=True, name="last_loss",
                                               collections=[tf1.GraphKeys.LOCAL_VARIABLES])
