@@ -14,10 +14,10 @@ builds ``fit``'s sync step (:mod:`.sync`):
 - every run in which this worker pushed is followed, inside ``Session.run``,
   by the step's wait (:class:`~.sync_run.SyncFinish`): a worker waits until
   the chief applied the step; the chief waits for R distinct workers'
-  gradients and applies them once. One thread looks at a time, so when
-  another thread's run (a Supervisor's checkpoint thread) looks first and
-  takes the wait, the run that pushed still returns only after it. Each
-  wait is bounded: after ``stall_warn_secs`` it names the workers that have
+  gradients and applies them once. One thread looks at a time for each
+  worker, so when another thread's run (a Supervisor's checkpoint thread)
+  looks first and takes the wait, the run that pushed still returns only
+  after it. Each wait is bounded: after ``stall_warn_secs`` it names the workers that have
   not pushed, after ``stall_timeout_secs`` it stops with
   :class:`~tfcluster.core.errors.SyncStallError`;
 - no thread of the chief's applies updates: ``get_chief_queue_runner`` gives
@@ -130,6 +130,8 @@ class SyncReplicasOptimizer(_tf_sync.SyncReplicasOptimizer):
         waits_for = [] if graph.is_chief else graph.state_variables
         self.ready_for_local_init_op = tf1.report_uninitialized_variables(tf1.global_variables() + waits_for)
         self._state_ready = tf1.report_uninitialized_variables(graph.state_variables)
+        for check in (self.ready_for_local_init_op, self._state_ready):
+            check.mark_used()   # a program may pass neither (MonitoredTrainingSession): TF's "never used" is noise
         self._local_step = graph.local_step
         self._chief_queue_runner = _ending_queue_runner(worker)
         self._gradients_applied = True
@@ -241,8 +243,6 @@ class KerasSync:
 # ------------------------------------------------------------------ the wait after a pushing run
 _installed = []
 _busy = threading.local()
-#: One look at a time: a push is finished once, and the thread that pushed returns only after it was applied.
-_looking = threading.Lock()
 
 
 def finish_after_pushing_runs():
@@ -289,12 +289,14 @@ def _finish_pushes(session):
         return
     _busy.on = True
     try:
-        # Without one look at a time, two threads that both saw the push count move finished one push twice
-        # (the second then waited for a step this worker never pushed for: a slim chief hung so, its
-        # Supervisor's checkpoint thread looking just after the train thread's push), or the thread that
-        # pushed returned, and pushed again, before the other had applied the step.
-        with _looking:
-            for finish in finishes:
+        for finish in finishes:
+            # Without one look at a time, two threads that both saw the push count move finished one push twice
+            # (the second then waited for a step this worker never pushed for: a slim chief hung so, its
+            # Supervisor's checkpoint thread looking just after the train thread's push), or the thread that
+            # pushed returned, and pushed again, before the other had applied the step. The lock is the
+            # worker's own: workers trained by threads of one process (TF's own SyncReplicasOptimizer test)
+            # each wait for the others' pushes, which a lock for the whole process would hold back.
+            with finish.looking:
                 if not finish.driven and finish.pushed(session):
                     finish.finish()
     finally:

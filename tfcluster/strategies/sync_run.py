@@ -14,6 +14,7 @@ raises :class:`~tfcluster.core.errors.SyncStallError` naming them after
 """
 
 import logging
+import threading
 import time
 
 from ..core import environment
@@ -268,6 +269,8 @@ class SyncFinish:
         #: True when a tfcluster loop runs the wait after each step (:class:`FinishingRunner`); else every
         #: run that pushed is followed by it (:func:`~.sync_replicas.finish_after_pushing_runs`).
         self.driven = False
+        #: Held while a thread looks whether this worker pushed and finishes that push: one look at a time.
+        self.looking = threading.Lock()
 
     def pushed(self, session) -> bool:
         """True when this worker pushed since the last look; a session's first look counts from its local init."""
