@@ -70,6 +70,12 @@ def arrived_rows(hits, arrived, slots, dense_shape, dtype, to_aggregate: int, av
     return tf.IndexedSlices(total, tf.concat(indices, 0), dense_shape)
 
 
+def _worker_local(tf1, name, initial):
+    """One of a worker's own sync variables (a local variable: never saved, initialised on each session)."""
+    return tf1.Variable(initial, trainable=False, use_resource=True, name=name,
+                        collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+
+
 class SyncGraph:
     """The graph of a sync step: slots, stamps and queues on the ps, and the ops each role runs.
 
@@ -131,23 +137,26 @@ class SyncGraph:
                                               name=f"wakeup_{i}") for i in range(self.num_trainers)]
             self.slots = [gradient_slots(self._state_var, g, v, self.num_trainers) for g, v in self.grads]
             with tf1.device(self.worker):
-                # Initialised to 0, then to the global step by local_step_init (after the model is ready: a
-                # local init that read the ps would fail on a worker whose chief has not initialised it yet).
-                self.local_step = tf1.Variable(tf.constant(0, tf.int64), trainable=False, use_resource=True,
-                                               name="local_step", collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+                # The local step is initialised to 0, then to the global step by local_step_init (after the
+                # model is ready: a local init that read the ps would fail on a worker whose chief has not
+                # initialised it yet). The loss of a step whose wait timed out is still reported, from
+                # last_loss. A run that pushed (pushes moved) is followed by the step's wait.
+                self.local_variables = [_worker_local(tf1, name, tf.constant(value, dtype)) for name, value, dtype in
+                                        (("local_step", 0, tf.int64), ("last_loss", float("nan"), tf.float32),
+                                         ("pushes", 0, tf.int64))]
+                self.local_step, self.last_loss, self.pushes = self.local_variables
                 # After its own initialiser: a session's local init runs both in one run, in no set order, and
                 # a restarted chief whose step was set, then zeroed, waited for gradients of step 0 for ever.
                 # Only the assignment waits for it: a read on the ps that waited for this worker would make the
                 # ps dial it, and a worker created again at a new address is dialled at its old one for 30 s.
                 global_step = self.read_global_step()
                 with tf.control_dependencies([self.local_step.initializer]):
-                    self.local_step_init = self.local_step.assign(global_step, read_value=False)
-                # The loss of a step whose wait timed out is still reported, from here.
-                self.last_loss = tf1.Variable(float("nan"), trainable=False, use_resource=True, name="last_loss",
-                                              collections=[tf1.GraphKeys.LOCAL_VARIABLES])
-                # How many pushes this worker made: a run that pushed is followed by the step's wait.
-                self.pushes = tf1.Variable(0, dtype=tf.int64, trainable=False, use_resource=True, name="pushes",
-                                           collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+                    set_step = self.local_step.assign(global_step, read_value=False)
+                # TF 1.x's local_step_init_op readied the one local variable its optimizer made, and programs
+                # pass it (or chief_init_op) as their whole local init: a Supervisor's ready check covers local
+                # variables, so this op readies every one the sync step makes (tests/test_tf1_sync.py).
+                others = [v.initializer for v in self.local_variables if v is not self.local_step]
+                self.local_step_init = tf.group(set_step, *others, name="local_step_init")
                 self.last_loss_value = self.last_loss.read_value()
                 self.pushes_value = self.pushes.read_value()
 
