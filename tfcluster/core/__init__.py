@@ -3,6 +3,7 @@
 - :mod:`.version`: tfcluster's one version string;
 - :mod:`.exits`: what exit codes mean, and a child's end as an exit status;
 - :mod:`.environment`: every ``TFCLUSTER_*`` environment variable, in one table;
+- :mod:`.patches`: every change tfcluster makes to a TensorFlow callable, in one registry (docs/patches.md);
 - :mod:`.errors`: every user-facing error, one family, naming its parameters;
 - :mod:`.checks`: the checks of a count or a duration, worded the same everywhere;
 - :mod:`.tferrors`: one line of a TensorFlow error, and which errors a lost task causes;

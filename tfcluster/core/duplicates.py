@@ -22,6 +22,7 @@ Estimator's queue runners) gets the same through :func:`rerun_in_every_session`.
 import logging
 import threading
 
+from . import patches
 from .tferrors import describe
 
 log = logging.getLogger("tfcluster")
@@ -57,11 +58,9 @@ def rerun(fn, *args, attempts: int = ATTEMPTS, **kwargs):
 
 #: The last Aborted or Unavailable error a patched session let through, per thread (``.text``).
 last_failure = threading.local()
-_patch_lock = threading.Lock()
-_patched = []
 
 
-def _rerunning(fn, attempts):
+def _rerunning(fn, attempts=ATTEMPTS):
     """``fn`` that reruns false duplicates and notes the preemption it lets through."""
     import tensorflow as tf
     preemptions = (tf.errors.AbortedError, tf.errors.UnavailableError)
@@ -77,23 +76,16 @@ def _rerunning(fn, attempts):
     return run
 
 
-def rerun_in_every_session(attempts: int = ATTEMPTS):
+patches.register_session_layer(patches.SessionLayer(
+    "rerun-false-duplicates", 0, "a step TF rejected as a duplicate request although it was sent once is run "
+    "again (pitfalls item 15); the preemption it lets through is noted for the recovery warning",
+    lambda session, fn: _rerunning(fn), "TF1 mode; the Estimator's training graph"))
+
+
+def rerun_in_every_session():
     """Make every ``Session.run``, and every callable ``Session.make_callable`` makes, rerun false duplicates.
 
     Queue runners step through ``make_callable`` in threads of their own; the
     other threads' steps make their collisions come faster, not rarer.
     """
-    with _patch_lock:
-        if _patched:
-            return
-        _patched.append(True)
-    from tensorflow.python.client import session as session_lib
-    base = session_lib.BaseSession
-    base.run = _rerunning(base.run, attempts)
-    original_make_callable = base.make_callable
-
-    def make_callable(self, *args, **kwargs):
-        return _rerunning(original_make_callable(self, *args, **kwargs), attempts)
-    make_callable.__wrapped__ = original_make_callable
-    make_callable.__doc__ = original_make_callable.__doc__
-    base.make_callable = make_callable
+    patches.add_session_layer("rerun-false-duplicates")

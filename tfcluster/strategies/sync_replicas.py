@@ -38,6 +38,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.training import sync_replicas_optimizer as _tf_sync
 
+from ..core import patches
 from ..core.errors import SpecError, SyncStallError
 from ..runtime.server import READY_POLL_SECS
 from ..topology.cluster import Cluster
@@ -241,34 +242,17 @@ class KerasSync:
 
 
 # ------------------------------------------------------------------ the wait after a pushing run
-_installed = []
 _busy = threading.local()
+patches.register_session_layer(patches.SessionLayer(
+    "finish-sync-pushes", 10, "a run that pushed a sync gradient waits for (on the chief: applies) its step before "
+    "it returns, whichever thread of the session runs next (tf-keras makes its callables from options)",
+    lambda session, fn: _finishing(session, fn), "SyncReplicasOptimizer's first apply_gradients",
+    entries=patches.SESSION_ENTRIES))
 
 
 def finish_after_pushing_runs():
     """Make every ``Session.run`` and session callable follow a run that pushed with that step's wait."""
-    if _installed:
-        return
-    _installed.append(True)
-    from tensorflow.python.client import session as session_lib
-    base = session_lib.BaseSession
-    original_run, original_callable = base.run, base.make_callable
-    original_from_options = session_lib.BaseSession._make_callable_from_options
-
-    def run(self, *args, **kwargs):
-        result = original_run(self, *args, **kwargs)
-        _finish_pushes(self)
-        return result
-
-    def make_callable(self, *args, **kwargs):
-        return _finishing(self, original_callable(self, *args, **kwargs))
-
-    def from_options(self, *args, **kwargs):      # tf-keras's graph functions make their callables here
-        return _finishing(self, original_from_options(self, *args, **kwargs))
-    for new, old in ((run, original_run), (make_callable, original_callable), (from_options, original_from_options)):
-        new.__wrapped__, new.__doc__ = old, old.__doc__
-    base.run, base.make_callable = run, make_callable
-    session_lib.BaseSession._make_callable_from_options = from_options
+    patches.add_session_layer("finish-sync-pushes")
 
 
 def _finishing(session, fn):
