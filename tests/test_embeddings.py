@@ -123,15 +123,15 @@ def _table_phase(directory, parts, strategy, save=None, restore=None, meta=True)
 
 
 @pytest.mark.timeout(120)
-def test_a_mod_table_restores_by_id_into_any_part_count_with_its_optimizer_slots(tmp_path, monkeypatch, caplog):
+def test_a_mod_table_restores_by_id_into_any_part_count_with_its_optimizer_slots(tmp_path, request, caplog):
     """TF 1.x's default lookup ("mod") puts id i in part i % parts: restored into another count, each id keeps
     its own row and slot (the saved split is recorded beside the checkpoint, or read from its .meta)."""
-    from tensorflow.python.training import saver as saver_module
+    from tfcluster.core import patches
     from tfcluster.graph import repartition
-    for name in ("save", "restore"):    # TF's own Saver here (an Estimator may have installed tfcluster's); back after
-        method = getattr(saver_module.Saver, name)
-        monkeypatch.setattr(saver_module.Saver, name, getattr(method, "__wrapped__", method))
-    monkeypatch.setattr(repartition, "_installed", False)
+    # TF's own Saver here (an Estimator may have installed tfcluster's); as it was after.
+    taken_out = patches.taken_out("repartition.save", "repartition.restore")
+    taken_out.__enter__()
+    request.addfinalizer(lambda: taken_out.__exit__(None, None, None))
     # Saved by TF's own Saver before tfcluster's is installed: with its .meta graph, and without.
     foreign = _table_phase(tmp_path, 2, "mod", save="tf1.ckpt")
     _table_phase(tmp_path, 2, "mod", save="bare.ckpt", meta=False)

@@ -11,6 +11,8 @@ import contextlib
 
 import numpy as np
 
+from ..core import patches
+
 # ------------------------------------------------------------------ arrays kept out of the graph
 #: A numpy array at least this big, given to ``from_tensor_slices`` or ``from_tensors``, stays out of the graph.
 OUTSIDE_GRAPH_BYTES = 1 << 20
@@ -32,23 +34,9 @@ def arrays_outside_the_graph(min_bytes: int = OUTSIDE_GRAPH_BYTES):
     Only the outer graph's numeric arrays in tuples and dicts are kept out; the
     dataset is the same.
     """
-    try:
-        from tensorflow.python.data.ops import from_tensor_slices_op, from_tensors_op
-    except ImportError:   # another TensorFlow's layout (tfguard warns about the version): leave it
+    # Another TensorFlow's layout (tfguard warns about the version) lacks the targets: left alone there.
+    with patches.applied("data.slices_outside", min_bytes), patches.applied("data.tensors_outside", min_bytes):
         yield
-        return
-    patched = [(from_tensor_slices_op, "_from_tensor_slices"), (from_tensors_op, "_from_tensors")]
-    originals = [getattr(module, name, None) for module, name in patched]
-    if None in originals:
-        yield
-        return
-    for (module, name), original in zip(patched, originals):
-        setattr(module, name, _outside(original, min_bytes))
-    try:
-        yield
-    finally:
-        for (module, name), original in zip(patched, originals):
-            setattr(module, name, original)
 
 
 def _outside(make, min_bytes):
@@ -102,3 +90,14 @@ def without_autotune_thread(dataset):
     options = tf.data.Options()
     options.autotune.enabled = False
     return dataset.with_options(options)
+
+
+patches.register(patches.Patch(
+    "data.slices_outside", "tensorflow.python.data.ops.from_tensor_slices_op:_from_tensor_slices",
+    "a dataset's big numpy arrays are fed in when its iterator starts, not folded into the graph (2 GB limit)",
+    _outside, "fit's model build, for its length", params=("tensors", "name"),
+    optional=True))
+patches.register(patches.Patch(
+    "data.tensors_outside", "tensorflow.python.data.ops.from_tensors_op:_from_tensors",
+    "as above, for Dataset.from_tensors", _outside, "fit's model build, for its length",
+    params=("tensors", "name"), optional=True))

@@ -21,7 +21,7 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 
 import functools
 
-_installed = False
+from ..core import patches
 
 
 def ordered_read_value_no_copy(read_value_no_copy):
@@ -41,12 +41,13 @@ def ordered_read_value_no_copy(read_value_no_copy):
     return read
 
 
+patches.register(patches.Patch(
+    "inplace_reads.ordered_read", "tensorflow.python.ops.resource_variable_ops:BaseResourceVariable.read_value_no_copy",
+    "the Saver's no-copy read of a table runs after copy-on-read is off, so a save reads it in place "
+    "(docs/memory.md)", ordered_read_value_no_copy, "fit's ps strategies, the Estimator, TF1 mode",
+    params=("self",)))
+
+
 def install():
     """Make the Saver's no-copy reads of resource variables run after copy-on-read is off (idempotent)."""
-    global _installed
-    if _installed:
-        return
-    from tensorflow.python.ops import resource_variable_ops
-    cls = resource_variable_ops.BaseResourceVariable
-    cls.read_value_no_copy = ordered_read_value_no_copy(cls.read_value_no_copy)
-    _installed = True
+    patches.install("inplace_reads.ordered_read")

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 
+from ..core import patches
 from .placement import parts_of
 
 log = logging.getLogger("tfcluster")
@@ -40,8 +41,6 @@ log = logging.getLogger("tfcluster")
 MOD_LOOKUPS = "tfcluster_mod_lookups"
 #: The file beside the checkpoints saying how their "mod" tables were split.
 RECORD = "tfcluster-tables.json"
-
-_installed = False
 
 
 def record_lookup(params, partition_strategy: str):
@@ -261,15 +260,7 @@ def remap_restore(saver, sess, prefix: str) -> bool:
     return True
 
 
-def install():
-    """Patch ``Saver.save`` to record how "mod" tables were split and ``Saver.restore`` to read them by id."""
-    global _installed
-    if _installed:
-        return
-    from tensorflow.python.training import saver as saver_module
-
-    save, restore = saver_module.Saver.save, saver_module.Saver.restore
-
+def _saving(save):
     @functools.wraps(save)
     def saving(self, sess, save_path, *args, **kwargs):
         path = save(self, sess, save_path, *args, **kwargs)
@@ -278,12 +269,29 @@ def install():
             if splits or _read_record(path):   # once there is a record, every checkpoint has an entry
                 write_record(path, splits)
         return path
+    return saving
 
+
+def _restoring(restore):
     @functools.wraps(restore)
     def restoring(self, sess, save_path):
         if sess is None or save_path is None or self._is_empty or \
                 not remap_restore(self, sess, str(save_path)):
             return restore(self, sess, save_path)
+    return restoring
 
-    saver_module.Saver.save, saver_module.Saver.restore = saving, restoring
-    _installed = True
+
+patches.register(patches.Patch(
+    "repartition.save", "tensorflow.python.training.saver:Saver.save",
+    'a save records how the "mod" tables it holds were split, for a restore into another split',
+    _saving, "fit's ps strategies, the Estimator, TF1 mode", params=("self", "sess", "save_path")))
+patches.register(patches.Patch(
+    "repartition.restore", "tensorflow.python.training.saver:Saver.restore",
+    "a restore reads a table saved in another number of parts by id", _restoring,
+    "fit's ps strategies, the Estimator, TF1 mode", params=("self", "sess", "save_path")))
+
+
+def install():
+    """Patch ``Saver.save`` to record how "mod" tables were split and ``Saver.restore`` to read them by id."""
+    patches.install("repartition.save")
+    patches.install("repartition.restore")

@@ -30,12 +30,10 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 
 import functools
 
+from ..core import patches
 from ..core.errors import SpecError
 from . import inplace_reads, repartition, wire
 from .placement import parts_of, split_by_tfcluster
-
-_installed = False
-
 
 def on_ps(params) -> bool:
     """True when any part of ``params`` is placed on a ps task (its reads cross the wire)."""
@@ -80,9 +78,7 @@ def distinct_lookup(lookup):
 
 def original_lookup():
     """TF's own ``embedding_lookup`` (as it was before :func:`install`)."""
-    from tensorflow.python.ops import embedding_ops
-    return getattr(embedding_ops.embedding_lookup, "__wrapped__", embedding_ops.embedding_lookup) \
-        if _installed else embedding_ops.embedding_lookup
+    return patches.original("sparse.distinct_lookup")
 
 
 def checked_partitioner_call(call):
@@ -105,22 +101,26 @@ def checked_partitioner_call(call):
     return _call_partitioner
 
 
+patches.register(patches.Patch(
+    "sparse.checked_partitioner", "tensorflow.python.ops.variable_scope:_call_partitioner",
+    "a partitioner that asks for more parts than the split axis has rows fails in one line, not deep in TF's "
+    "variable store", checked_partitioner_call, "fit's ps strategies, the Estimator, TF1 mode",
+    params=("partitioner", "shape", "dtype")))
+patches.register(patches.Patch(
+    "sparse.distinct_lookup", "tensorflow.python.ops.embedding_ops:embedding_lookup",
+    "a lookup reads each distinct id once from tables on a ps (16-bit rows where the wire is narrow); a table "
+    "tfcluster split reads as the one variable the code made", distinct_lookup,
+    "fit's ps strategies, the Estimator, TF1 mode",
+    params=("params", "ids", "partition_strategy", "name", "validate_indices", "max_norm"),
+    # embedding_lookup_v2 (tf.nn, tf-keras's Embedding) calls the module's name; tf.compat.v1.nn holds its own.
+    also=("tensorflow.compat.v1:nn.embedding_lookup",)))
+
+
 def install():
     """Make ``embedding_lookup`` read each distinct id once from tables on a ps, partitioners that ask for more
     parts than rows fail in one line, "mod" tables restore by id, and saves read tables in place (idempotent,
     per process)."""
-    global _installed
-    if _installed:
-        return
-    import tensorflow as tf
-    from tensorflow.python.ops import embedding_ops, variable_scope
-    variable_scope._call_partitioner = checked_partitioner_call(variable_scope._call_partitioner)
+    patches.install("sparse.checked_partitioner")
     repartition.install()
     inplace_reads.install()
-    original = embedding_ops.embedding_lookup
-    patched = distinct_lookup(original)
-    # embedding_lookup_v2 (tf.nn, tf-keras's Embedding) calls the module's name; tf.compat.v1.nn holds its own.
-    embedding_ops.embedding_lookup = patched
-    if tf.compat.v1.nn.embedding_lookup is original:
-        tf.compat.v1.nn.embedding_lookup = patched
-    _installed = True
+    patches.install("sparse.distinct_lookup")

@@ -26,6 +26,7 @@ import os
 
 import tensorflow as tf
 
+from ..core import patches
 from ..core.errors import SpecError
 from ..core.logs import quiet_keras_thread_notice
 from ..runtime.checkpoints import prepare_checkpoint_dir
@@ -52,7 +53,6 @@ log = logging.getLogger("tfcluster")
 DEFAULT_DIR = "tfcluster-keras"
 #: Graphs whose model trains on the cluster through here (their local sessions only evaluate).
 _handled_graphs = set()
-_original_fit = None        # tf-keras's own Model.fit, kept when TF1 mode routes fit here
 
 
 def shard(data, index: int, count: int):
@@ -119,7 +119,9 @@ def trains_on_cluster(graph) -> bool:
 
 
 def _plain_fit(model, x, y, **kwargs):
-    return (_original_fit or type(model).fit)(model, x, y, **kwargs)
+    if patches.installed("keras.fit_on_cluster"):
+        return patches.original("keras.fit_on_cluster")(model, x, y, **kwargs)
+    return type(model).fit(model, x, y, **kwargs)
 
 
 def default_checkpoint_dir(model_name: str) -> str:
@@ -263,16 +265,18 @@ def _give(model, weights, optimizer_weights, updates: int):
         tf_keras.backend.set_value(optimizer.iterations, updates)
 
 
-def route_fit_through_cluster():
-    """Make tf-keras's graph-mode ``Model.fit`` train on TF_CONFIG's cluster (TF1 mode calls this)."""
-    global _original_fit
-    from tf_keras.src.engine import training_v1
-    if _original_fit is not None:
-        return
-    _original_fit = training_v1.Model.fit
-
+def _fitting_on_cluster(original):
     def fit_on_cluster(self, x=None, y=None, **kwargs):
         return fit(self, x, y, **kwargs)
-    fit_on_cluster.__doc__ = _original_fit.__doc__
-    fit_on_cluster.__wrapped__ = _original_fit
-    training_v1.Model.fit = fit_on_cluster
+    return fit_on_cluster
+
+
+patches.register(patches.Patch(
+    "keras.fit_on_cluster", "tf_keras.src.engine.training_v1:Model.fit",
+    "tf-keras's graph-mode Model.fit trains on TF_CONFIG's cluster through tfcluster.keras.fit",
+    _fitting_on_cluster, "TF1 mode, when its program uses tf.keras", params=("self", "x", "y")))
+
+
+def route_fit_through_cluster():
+    """Make tf-keras's graph-mode ``Model.fit`` train on TF_CONFIG's cluster (TF1 mode calls this)."""
+    patches.install("keras.fit_on_cluster")

@@ -32,11 +32,13 @@ import contextlib
 import logging
 from typing import Optional
 
+from ..core import patches
 from ..core.errors import SpecError, TF1RemovedError
 
 log = logging.getLogger("tfcluster")
 #: The all-reduce scopes open now (``with MultiWorkerMirroredStrategy().scope():``): a compile in one all-reduces.
 _SCOPES = []
+TF1_MODE_KERAS = "TF1 mode, when its program uses tf.keras"
 
 
 def _gpu_count() -> int:
@@ -308,13 +310,7 @@ class DistributeConfig(collections.namedtuple("DistributeConfig",
         return super().__new__(cls, train_distribute, eval_distribute, remote_cluster)
 
 
-def keras_compile_takes_strategies():
-    """Make tf-keras's graph-mode ``compile(distribute=...)`` take these strategies (TF1 mode calls this)."""
-    from tf_keras.src.engine import training_v1
-    if getattr(training_v1.Model.compile, "_tfcluster", False):
-        return
-    original = training_v1.Model.compile
-
+def _taking_strategies(original):
     def compile(self, *args, distribute=None, **kwargs):
         from ..topology.cluster import Cluster
         if distribute is None and _SCOPES:     # checked and noted by the scope
@@ -337,10 +333,18 @@ def keras_compile_takes_strategies():
             from ..keras.towers import use_towers
             use_towers(self, distribute.towers(), args, kwargs)
         return result
-    compile.__doc__ = original.__doc__
-    compile.__wrapped__ = original
-    compile._tfcluster = True
-    training_v1.Model.compile = compile
+    return compile
+
+
+patches.register(patches.Patch(
+    "tf1.keras_compile_strategies", "tf_keras.src.engine.training_v1:Model.compile",
+    "tf-keras's graph-mode compile(distribute=...) takes TF1 mode's strategies and trains on the cluster",
+    _taking_strategies, TF1_MODE_KERAS, params=("self",)))
+
+
+def keras_compile_takes_strategies():
+    """Make tf-keras's graph-mode ``compile(distribute=...)`` take these strategies (TF1 mode calls this)."""
+    patches.install("tf1.keras_compile_strategies")
 
 
 def experimental_members() -> dict:

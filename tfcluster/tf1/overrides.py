@@ -17,7 +17,7 @@
 
 import types
 
-from ..core import environment
+from ..core import environment, patches
 
 #: Seconds between two lines of a tf-keras progress bar under the launcher (tf-keras: 0.05 s).
 PROGRESS_INTERVAL_SECS = 1.0
@@ -84,12 +84,19 @@ def keras(v1):
     return _Proxy(real, estimator=estimator)
 
 
-def _progress_every_second():
-    """Progress bars that write a line about once a second: each reaches the launcher as it comes."""
-    from tf_keras.src.utils import generic_utils
-    original = generic_utils.Progbar.__init__
-
+def _slower_bars(original):
     def __init__(self, target, width=30, verbose=1, interval=0.05, *args, **kwargs):
         original(self, target, width, verbose, max(interval, PROGRESS_INTERVAL_SECS), *args, **kwargs)
-    __init__.__wrapped__ = original
-    generic_utils.Progbar.__init__ = __init__
+    return __init__
+
+
+patches.register(patches.Patch(
+    "tf1.progress_every_second", "tf_keras.src.utils.generic_utils:Progbar.__init__",
+    "progress bars write a line about once a second, so each reaches the launcher as it comes",
+    _slower_bars, "TF1 mode under tfcluster local, when its program uses tf.keras",
+    params=("self", "target", "width", "verbose", "interval")))
+
+
+def _progress_every_second():
+    """Progress bars that write a line about once a second: each reaches the launcher as it comes."""
+    patches.install("tf1.progress_every_second")

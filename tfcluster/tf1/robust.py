@@ -53,8 +53,8 @@ docs/memory.md).
 
 import inspect
 import logging
-import threading
 
+from ..core import patches
 from ..core.duplicates import last_failure
 from ..core.tferrors import describe
 
@@ -65,20 +65,12 @@ TF_DEFAULT_RECOVERY_WAIT = 30
 #: MonitoredSession's default wait for its threads when it closes, in seconds.
 TF_DEFAULT_STOP_GRACE = 120
 
-_patched = set()
-_lock = threading.Lock()
+_MS = "tensorflow.python.training.monitored_session:"
+_SM = "tensorflow.python.training.session_manager:SessionManager."
+TF1_MODE = "TF1 mode"
 
 
-def warn_on_recovery():
-    """Log a warning each time MonitoredTrainingSession recreates its session."""
-    with _lock:
-        if "recovery" in _patched:
-            return
-        _patched.add("recovery")
-    from tensorflow.python.training import monitored_session as ms
-
-    original = ms._RecoverableSession._create_session
-
+def _recreating(original):
     def _create_session(self):
         created = getattr(self, "_tfcluster_sessions", 0)
         self._tfcluster_sessions = created + 1
@@ -87,9 +79,18 @@ def warn_on_recovery():
                         getattr(last_failure, "text", "an Aborted/Unavailable error"),
                         _what_is_lost(self._sess_creator))
         return original(self)
+    return _create_session
 
-    _create_session.__wrapped__ = original
-    ms._RecoverableSession._create_session = _create_session
+
+patches.register(patches.Patch(
+    "tf1.warn_on_recovery", _MS + "_RecoverableSession._create_session",
+    "a MonitoredTrainingSession that recreates its session says what the chief throws away (TF: INFO only)",
+    _recreating, TF1_MODE, params=("self",)))
+
+
+def warn_on_recovery():
+    """Log a warning each time MonitoredTrainingSession recreates its session."""
+    patches.install("tf1.warn_on_recovery")
 
 
 def _what_is_lost(creator) -> str:
@@ -107,15 +108,7 @@ def _what_is_lost(creator) -> str:
             "is lost (give a checkpoint_dir to keep it).")
 
 
-def fast_ready_polling(seconds: float):
-    """Make SessionManager poll for model readiness every ``seconds`` instead of TF's 30."""
-    with _lock:
-        if "poll" in _patched:
-            return
-        _patched.add("poll")
-    from tensorflow.python.training import session_manager as sm
-
-    original = sm.SessionManager.__init__
+def _polling(original, seconds):
     signature = inspect.signature(original)
 
     def __init__(self, *args, **kwargs):
@@ -125,21 +118,23 @@ def fast_ready_polling(seconds: float):
         if bound.arguments.get("recovery_wait_secs") == TF_DEFAULT_RECOVERY_WAIT:
             bound.arguments["recovery_wait_secs"] = seconds
         original(*bound.args, **bound.kwargs)
-
-    __init__.__wrapped__ = original
-    sm.SessionManager.__init__ = __init__
+    return __init__
 
 
-def initialise_in_own_session():
-    """Make SessionManager initialise a model on a cluster in a session it closes after (the module doc)."""
-    with _lock:
-        if "init" in _patched:
-            return
-        _patched.add("init")
+patches.register(patches.Patch(
+    "tf1.fast_ready_polling", _SM + "__init__",
+    "SessionManager polls \"is the model ready?\" every 0.2 s, not TF's 30, unless the script chose (pitfalls "
+    "item 4)", _polling, TF1_MODE, params=("self", "local_init_op", "ready_op", "ready_for_local_init_op",
+                                           "graph", "recovery_wait_secs")))
+
+
+def fast_ready_polling(seconds: float):
+    """Make SessionManager poll for model readiness every ``seconds`` instead of TF's 30 (the first call's)."""
+    patches.install("tf1.fast_ready_polling", seconds)
+
+
+def _initialising_alone(original):
     from tensorflow.python.client import session as session_lib
-    from tensorflow.python.training import session_manager as sm
-
-    original = sm.SessionManager.prepare_session
     signature = inspect.signature(original)
 
     def prepare_session(self, *args, **kwargs):
@@ -157,41 +152,44 @@ def initialise_in_own_session():
                         init_fn(alone)
             a["init_op"], a["init_fn"] = None, initialise   # prepare_session calls it only where it would init
         return original(*bound.args, **bound.kwargs)
-
-    prepare_session.__wrapped__ = original
-    sm.SessionManager.prepare_session = prepare_session
+    return prepare_session
 
 
-def quick_stop(seconds: float):
-    """Make a closing MonitoredSession wait ``seconds`` (not TF's 120) for its threads, unless the
-    script chose another ``stop_grace_period_secs``."""
-    with _lock:
-        if "stop" in _patched:
-            return
-        _patched.add("stop")
-    from tensorflow.python.training import monitored_session as ms
+patches.register(patches.Patch(
+    "tf1.initialise_in_own_session", _SM + "prepare_session",
+    "the chief initialises the model in a session it closes after, so the ps do not keep the initial values' "
+    "constants for the whole run (docs/memory.md)", _initialising_alone, TF1_MODE,
+    params=("self", "master", "init_op", "saver", "checkpoint_dir", "checkpoint_filename_with_path",
+            "wait_for_checkpoint", "max_wait_secs", "config", "init_feed_dict", "init_fn")))
 
-    original = ms._CoordinatedSession.__init__
 
+def initialise_in_own_session():
+    """Make SessionManager initialise a model on a cluster in a session it closes after (the module doc)."""
+    patches.install("tf1.initialise_in_own_session")
+
+
+def _stopping_quickly(original, seconds):
     def __init__(self, sess, coord, stop_grace_period_secs=TF_DEFAULT_STOP_GRACE):
         if stop_grace_period_secs == TF_DEFAULT_STOP_GRACE:
             stop_grace_period_secs = seconds
         original(self, sess, coord, stop_grace_period_secs)
-
-    __init__.__wrapped__ = original
-    ms._CoordinatedSession.__init__ = __init__
+    return __init__
 
 
-def quiet_late_queue_runners():
-    """Let a queue-runner thread whose coordinator was already joined end without a traceback."""
-    with _lock:
-        if "late" in _patched:
-            return
-        _patched.add("late")
-    from tensorflow.python.training import queue_runner_impl as qr
+patches.register(patches.Patch(
+    "tf1.quick_stop", _MS + "_CoordinatedSession.__init__",
+    "a closing MonitoredSession waits a few seconds, not TF's 120, for threads that never stop (the sync "
+    "chief's queue runner) unless the script chose", _stopping_quickly, TF1_MODE,
+    params=("self", "sess", "coord", "stop_grace_period_secs")))
 
-    original = qr.QueueRunner._run
 
+def quick_stop(seconds: float):
+    """Make a closing MonitoredSession wait ``seconds`` (not TF's 120) for its threads, unless the
+    script chose another ``stop_grace_period_secs`` (the first call's)."""
+    patches.install("tf1.quick_stop", seconds)
+
+
+def _quiet_when_joined(original):
     def _run(self, sess, enqueue_op, coord=None):
         try:
             original(self, sess, enqueue_op, coord)
@@ -199,23 +197,22 @@ def quiet_late_queue_runners():
             if coord is None or not coord.joined:
                 raise
             log.debug("queue runner %s ended after its coordinator was joined: %s", self.name, describe(e))
-
-    _run.__wrapped__ = original
-    qr.QueueRunner._run = _run
+    return _run
 
 
-def quiet_second_supervisor_stop():
-    """A Supervisor stopped a second time (slim's ``learning.train`` stops it, then ``managed_session`` does)
-    writes its stop record to a closed summary writer without TF's "closed FileWriter" warning: nothing is lost."""
-    with _lock:
-        if "supervisor" in _patched:
-            return
-        _patched.add("supervisor")
+patches.register(patches.Patch(
+    "tf1.quiet_late_queue_runners", "tensorflow.python.training.queue_runner_impl:QueueRunner._run",
+    "a queue-runner thread whose coordinator was already joined ends without half a traceback at exit",
+    _quiet_when_joined, TF1_MODE, params=("self", "sess", "enqueue_op", "coord")))
+
+
+def quiet_late_queue_runners():
+    """Let a queue-runner thread whose coordinator was already joined end without a traceback."""
+    patches.install("tf1.quiet_late_queue_runners")
+
+
+def _stopping_quietly(original):
     import warnings
-
-    from tensorflow.python.training import supervisor
-
-    original = supervisor.Supervisor.stop
 
     def stop(self, *args, **kwargs):
         writer = self._summary_writer
@@ -224,29 +221,81 @@ def quiet_second_supervisor_stop():
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Attempting to use a closed FileWriter")
             return original(self, *args, **kwargs)
+    return stop
 
-    stop.__wrapped__, stop.__doc__ = original, original.__doc__
-    supervisor.Supervisor.stop = stop
+
+patches.register(patches.Patch(
+    "tf1.quiet_second_supervisor_stop", "tensorflow.python.training.supervisor:Supervisor.stop",
+    "a Supervisor stopped twice (slim's learning.train) writes its stop record without TF's closed-FileWriter "
+    "warning: nothing is lost", _stopping_quietly, TF1_MODE, params=("self",)))
+
+
+def quiet_second_supervisor_stop():
+    """A Supervisor stopped a second time (slim's ``learning.train`` stops it, then ``managed_session`` does)
+    writes its stop record to a closed summary writer without TF's "closed FileWriter" warning: nothing is lost."""
+    patches.install("tf1.quiet_second_supervisor_stop")
+
+
+def _without_autotune(original):
+    from ..data.pipeline import without_autotune_thread
+
+    def make(self, *args, **kwargs):
+        return original(without_autotune_thread(self), *args, **kwargs)
+    return make
+
+
+_ITERATORS = ("_make_one_shot_iterator", "_make_initializable_iterator")
+for _name in _ITERATORS:
+    patches.register(patches.Patch(
+        f"tf1.iterators.{_name.strip('_')}", f"tensorflow.python.data.ops.dataset_ops:DatasetV1.{_name}",
+        "a script's iterators read without tf.data's autotune thread (unless the script set autotune), so a "
+        "session closes at once, not after up to 60 s", _without_autotune, TF1_MODE, params=("self",)))
 
 
 def iterators_without_autotune_thread():
     """Every iterator a script makes (``make_one_shot_iterator``, ``make_initializable_iterator``, as functions
     or methods) reads its dataset without tf.data's autotune thread, unless the script set autotune."""
-    with _lock:
-        if "iterators" in _patched:
-            return
-        _patched.add("iterators")
-    from tensorflow.python.data.ops import dataset_ops
+    for name in _ITERATORS:
+        patches.install(f"tf1.iterators.{name.strip('_')}")
 
-    from ..data.pipeline import without_autotune_thread
-    v1 = dataset_ops.DatasetV1
-    for name in ("_make_one_shot_iterator", "_make_initializable_iterator"):
-        original = getattr(v1, name)
 
-        def make(self, *args, _original=original, **kwargs):
-            return _original(without_autotune_thread(self), *args, **kwargs)
-        make.__wrapped__, make.__doc__ = original, original.__doc__
-        setattr(v1, name, make)
+#: The servers a TF1 script made, ``(cluster, job, task)``: its task where TF_CONFIG gives none.
+_servers = []
+_warned, _reported = [], []
+
+
+def _noting_servers(original):
+    def server_init(self, server_or_cluster_def, job_name=None, task_index=None, *args, **kwargs):
+        original(self, server_or_cluster_def, job_name, task_index, *args, **kwargs)
+        _servers.append((server_or_cluster_def, job_name, task_index))
+    return server_init
+
+
+def _cluster_session(original):
+    def __init__(self, target="", graph=None, config=None):
+        cluster = _this_task(_servers)
+        if cluster is not None and cluster.role() in ("chief", "worker"):
+            target_text = target.decode() if isinstance(target, bytes) else str(target)
+            own_port = cluster.address(cluster.task).rsplit(":", 1)[1]
+            if target_text and not cluster.is_chief and target_text.rsplit(":", 1)[-1] == own_port:
+                config = _with_filters(config, cluster.device_filters())
+            elif not target_text and cluster.num_tasks("ps") and not _warned:
+                _warn_if_private(graph, cluster, _warned)
+            if target_text and cluster.is_chief and cluster.num_tasks("ps") and not _reported:
+                _report_placement(graph, cluster, _reported)
+        original(self, target, graph, config)
+    return __init__
+
+
+patches.register(patches.Patch(
+    "tf1.server_task", "tensorflow.python.training.server_lib:Server.__init__",
+    "a script's tf.train.Server names its task where TF_CONFIG gives none (for the session rules below)",
+    _noting_servers, TF1_MODE, params=("self", "server_or_cluster_def", "job_name", "task_index")))
+patches.register(patches.Patch(
+    "tf1.cluster_sessions", "tensorflow.python.client.session:Session.__init__",
+    "a non-chief's session gets the cluster's device filters (pitfalls item 3), the chief reports placement, "
+    "a private copy of the model is named once", _cluster_session, TF1_MODE,
+    params=("self", "target", "graph", "config")))
 
 
 def cluster_sessions():
@@ -267,39 +316,8 @@ def cluster_sessions():
     This process's task comes from TF_CONFIG or, without one, from the
     ``tf.train.Server`` the script made (``--job_name``/``--task_index``).
     """
-    with _lock:
-        if "sessions" in _patched:
-            return
-        _patched.add("sessions")
-    from tensorflow.python.client import session as session_lib
-    from tensorflow.python.training import server_lib
-    servers = []
-    original_server = server_lib.Server.__init__
-
-    def server_init(self, server_or_cluster_def, job_name=None, task_index=None, *args, **kwargs):
-        original_server(self, server_or_cluster_def, job_name, task_index, *args, **kwargs)
-        servers.append((server_or_cluster_def, job_name, task_index))
-    server_init.__wrapped__ = original_server
-    server_lib.Server.__init__ = server_init
-
-    original = session_lib.Session.__init__
-    warned, reported = [], []
-
-    def __init__(self, target="", graph=None, config=None):
-        cluster = _this_task(servers)
-        if cluster is not None and cluster.role() in ("chief", "worker"):
-            target_text = target.decode() if isinstance(target, bytes) else str(target)
-            own_port = cluster.address(cluster.task).rsplit(":", 1)[1]
-            if target_text and not cluster.is_chief and target_text.rsplit(":", 1)[-1] == own_port:
-                config = _with_filters(config, cluster.device_filters())
-            elif not target_text and cluster.num_tasks("ps") and not warned:
-                _warn_if_private(graph, cluster, warned)
-            if target_text and cluster.is_chief and cluster.num_tasks("ps") and not reported:
-                _report_placement(graph, cluster, reported)
-        original(self, target, graph, config)
-
-    __init__.__wrapped__ = original
-    session_lib.Session.__init__ = __init__
+    patches.install("tf1.server_task")
+    patches.install("tf1.cluster_sessions")
 
 
 def _this_task(servers):
