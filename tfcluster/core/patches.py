@@ -198,7 +198,9 @@ class SessionLayer:
 #: The session methods the chain wraps: a step (``run``) and the two makers of step callables.
 SESSION_ENTRIES = ("run", "make_callable", "_make_callable_from_options")
 _LAYERS = {}
-_ACTIVE = []
+#: The layers in the chain, innermost first: replaced whole, never changed in place, so a run on another
+#: thread reads either the old chain or the new one (list.sort empties a list while it sorts).
+_ACTIVE = ()
 
 
 def _layers(entry):
@@ -242,21 +244,22 @@ def register_session_layer(layer: SessionLayer) -> SessionLayer:
 
 def add_session_layer(name: str) -> bool:
     """Put the registered layer ``name`` into every session's chain (once per process); True when added now."""
+    global _ACTIVE
     with _lock:
         layer = _LAYERS[name]
         if layer in _ACTIVE:
             return False
         for entry in SESSION_ENTRIES:
             install(f"session.{entry}")
-        _ACTIVE.append(layer)
-        _ACTIVE.sort(key=lambda one: one.order)
+        _ACTIVE = tuple(sorted(_ACTIVE + (layer,), key=lambda one: one.order))
         return True
 
 
 def remove_session_layer(name: str):
     """Take layer ``name`` out of the chain; the chain goes with its last layer (the tests use it)."""
+    global _ACTIVE
     with _lock:
-        _ACTIVE[:] = [layer for layer in _ACTIVE if layer.name != name]
+        _ACTIVE = tuple(layer for layer in _ACTIVE if layer.name != name)
         if not _ACTIVE:
             for entry in SESSION_ENTRIES:
                 uninstall(f"session.{entry}")
