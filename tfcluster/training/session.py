@@ -36,6 +36,10 @@ CLOSE_TIMEOUT = 3.0
 FINAL_CLOSE_TIMEOUT = 60.0
 #: Seconds a closing session waits for its hooks' threads (TF's MonitoredSession waits 120; TF1 mode's too).
 THREAD_GRACE_SECS = 5.0
+#: Seconds a new session waits for the ps tasks and the chief (``startup_timeout``).
+STARTUP_TIMEOUT_SECS = 300.0
+#: Seconds one step may wait on a ps that stopped answering before it is named (``step_timeout_secs``).
+STEP_TIMEOUT_SECS = 60.0
 #: Seconds before recreating a lost session: the first wait, doubling with each recovery in a row (a step
 #: that succeeds starts again from the first), and the longest. Ten in a row span 33 s, longer than gRPC
 #: waits before it looks a task's name up again (30 s, its dns_min_time_between_resolutions_ms): a
@@ -87,8 +91,9 @@ class TrainingSession:
 
     def __init__(self, train_graph, *, target: str = "", config=None, is_chief: bool = True, saver=None,
                  checkpoint_dir: Optional[str] = None, extra_local_init=(), cluster=None, name: str = "local",
-                 poll_secs: float = READY_POLL_SECS, startup_timeout: float = 300.0, max_recoveries: int = 10,
-                 init_fn=None, init_feed_dict=None, step_timeout_secs: float = 60.0):
+                 poll_secs: float = READY_POLL_SECS, startup_timeout: float = STARTUP_TIMEOUT_SECS,
+                 max_recoveries: int = 10, init_fn=None, init_feed_dict=None,
+                 step_timeout_secs: float = STEP_TIMEOUT_SECS):
         import tensorflow as tf
         self.tf = tf
         self.train_graph = train_graph

@@ -38,11 +38,12 @@ from ..runtime.server import task_server, wait_for_cluster
 from ..runtime.shutdown import done_when_finished, serve_as_ps
 from ..topology.cluster import Cluster
 from .evaluation import local_config, run_evaluator
+from .evaluator import EVALUATOR_TIMEOUT_SECS
 from .hooks import STILL_SECS, CheckpointHook, ProgressHook, SummaryHook, TimelineHook, trainers_done
 from .input_position import input_position
 from .liveness import CHIEF_TIMEOUT_SECS, heartbeat
 from .loop import run_loop
-from .session import TrainingSession
+from .session import STARTUP_TIMEOUT_SECS, STEP_TIMEOUT_SECS, TrainingSession
 from .train_metrics import SharedMetrics, TrainMetricsHook, examples_in, steps_for_epochs
 
 log = logging.getLogger("tfcluster")
@@ -90,10 +91,10 @@ class FitConfig:
     summary_steps: Optional[int] = 100
     log_every_secs: float = 5.0
     keep_checkpoints: int = 5
-    evaluator_timeout_secs: float = 600.0
-    startup_timeout: float = 300.0
+    evaluator_timeout_secs: float = EVALUATOR_TIMEOUT_SECS
+    startup_timeout: float = STARTUP_TIMEOUT_SECS
     max_recoveries: int = 10
-    step_timeout_secs: float = 60.0
+    step_timeout_secs: float = STEP_TIMEOUT_SECS
     chief_timeout_secs: float = CHIEF_TIMEOUT_SECS
     seed: Optional[int] = None
     log_placement: bool = False
