@@ -1,6 +1,5 @@
 """Shared fixtures: real processes, reserved ports, and a guarantee of no orphans."""
 
-import fcntl
 import logging
 import os
 import re
@@ -180,24 +179,10 @@ def record_figure(test: str, figure: str, value, unit: str = ""):
     FIGURES.append((test, figure, value, unit))
 
 
-#: The name a figure travels under in a test report (from a pytest-xdist worker to the table).
-FIGURE_PROPERTY = "tfcluster_figure"
-
-
 @pytest.fixture
 def reliability(request):
     """``reliability(figure, value, unit)``: this test's figure, for the table CI's log shows."""
-    return lambda figure, value, unit="": request.node.user_properties.append(
-        (FIGURE_PROPERTY, (figure, value, unit)))
-
-
-def pytest_runtest_logreport(report):
-    """Collect each test's figures where the table is printed (in the one process that reports, xdist or not)."""
-    if report.when != "teardown":
-        return
-    for name, value in report.user_properties:
-        if name == FIGURE_PROPERTY:
-            record_figure(report.nodeid.split("::")[-1], *value)
+    return lambda figure, value, unit="": record_figure(request.node.name, figure, value, unit)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -214,106 +199,3 @@ def pytest_terminal_summary(terminalreporter):
             shown_test = test
         shown = f"{value:.1f}" if isinstance(value, float) else str(value)
         tr.write_line(f"  {figure:<{width}}  {shown} {unit}".rstrip())
-
-
-# ------------------------------------------------------------------ tests side by side (pytest-xdist)
-#: Modules whose tests have the machine to themselves (marked ``alone``), and why. Every other test runs
-#: beside one other (pytest.ini: -n 2, a file per worker, so a module's fixtures are made once).
-ALONE = {
-    # Their figures are seconds (to detect a loss, to stop, to restart) and steps lost: what an idle
-    # machine measures, the figures CI's reliability table reports.
-    "test_faults": "timed faults", "test_faults_keras": "timed faults", "test_faults_users_hit": "timed faults",
-    "test_canned_faults": "timed faults", "test_preemption": "timed stops",
-    "test_checkpoint_restarts": "timed restarts",
-    # Each bad input must end inside its bound in seconds (20 s for most), TF's imports included.
-    "test_bad_input": "timed bounds",
-    # A memory cgroup's peak is read against a bound; another cluster's pages would crowd the machine's.
-    "test_memory_limits": "memory bounds",
-}
-
-
-def pytest_configure(config):
-    """The ``alone`` marker (tests that may not share the machine with another test)."""
-    config.addinivalue_line("markers", "alone: runs while no other test runs (timed faults, memory bounds, "
-                                       "network namespaces: tests/conftest.py ALONE)")
-
-
-def pytest_collection_modifyitems(items):
-    """Mark ``alone`` every test of :data:`ALONE`'s modules and of a module with a network-namespace test: its
-    hosts live in its module fixtures, on one subnet (tests/netns.py)."""
-    netns = {item.module.__name__ for item in items if item.get_closest_marker("netns") is not None}
-    for item in items:
-        if item.module.__name__ in ALONE or item.module.__name__ in netns:
-            item.add_marker(pytest.mark.alone)
-
-
-class Turns:
-    """Whose turn it is among pytest-xdist's workers: tests share the machine; an ``alone`` test has it alone.
-
-    A readers-writer lock on two files all workers open: every test holds the room shared, an ``alone``
-    test holds it exclusively. Each first passes the gate, which an ``alone`` test keeps while it waits for
-    the room to empty, so the other worker's tests cannot keep it out for ever.
-    """
-
-    def __init__(self, folder: str):
-        self.kept = False       # the room is held on, alone, for the next test of the same module
-        self.gate = open(os.path.join(folder, "gate"), "a+")
-        self.room = open(os.path.join(folder, "room"), "a+")
-
-    def enter(self, alone: bool):
-        """Wait for the room: shared, or alone."""
-        fcntl.flock(self.gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(self.room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(self.gate, fcntl.LOCK_UN)
-
-    def leave(self):
-        """Give the room back."""
-        fcntl.flock(self.room, fcntl.LOCK_UN)
-
-
-_turns = []
-#: The key of the turns' folder in an xdist worker's input.
-TURNS = "tfcluster_turns"
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)   # outside pytest-timeout's: a wait for a turn is no hang
-def pytest_runtest_protocol(item, nextitem):
-    """Run each test in its turn under pytest-xdist; an ``alone`` module keeps the machine from its first
-    test to its last, so its module fixtures (clusters, hosts) never meet another test's."""
-    worker = getattr(item.config, "workerinput", None)     # a pytest run started by a test has none
-    if worker is None:
-        yield
-        return
-    if not _turns:
-        _turns.append(Turns(worker[TURNS]))
-    turns = _turns[0]
-    alone = item.get_closest_marker("alone") is not None
-    if not turns.kept:
-        turns.enter(alone)
-    try:
-        yield
-    finally:
-        turns.kept = alone and nextitem is not None and nextitem.module is item.module \
-            and nextitem.get_closest_marker("alone") is not None
-        if not turns.kept:
-            turns.leave()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
-    """The controller tells each xdist worker where the turns' files are (one folder per run)."""
-    config = node.config
-    if not hasattr(config, "_tfcluster_turns"):
-        import tempfile
-        config._tfcluster_turns = tempfile.mkdtemp(prefix="tfcluster-test-turns-")
-    node.workerinput[TURNS] = config._tfcluster_turns
-
-
-def pytest_unconfigure(config):
-    """The controller of an xdist run removes the turns' files once its workers are gone."""
-    folder = getattr(config, "_tfcluster_turns", None)
-    if folder:
-        import shutil
-        shutil.rmtree(folder, ignore_errors=True)
