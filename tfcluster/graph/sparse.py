@@ -35,6 +35,7 @@ from ..core.errors import SpecError
 from . import inplace_reads, repartition, wire
 from .placement import parts_of, split_by_tfcluster
 
+
 def on_ps(params) -> bool:
     """True when any part of ``params`` is placed on a ps task (its reads cross the wire)."""
     import tensorflow as tf

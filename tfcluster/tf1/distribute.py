@@ -38,6 +38,7 @@ from ..core.errors import SpecError, TF1RemovedError
 log = logging.getLogger("tfcluster")
 #: The all-reduce scopes open now (``with MultiWorkerMirroredStrategy().scope():``): a compile in one all-reduces.
 _SCOPES = []
+#: Who installs the tf-keras patches (docs/patches.md).
 TF1_MODE_KERAS = "TF1 mode, when its program uses tf.keras"
 
 
