@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from tfcluster import Role
 from tfcluster.topology.cluster import Cluster, Task, parse_address
 from tfcluster.topology.slurm import expand_hostlist, expand_tasks_per_node
 from tfcluster.core.errors import SpecError, TfclusterError
@@ -99,6 +100,17 @@ def test_any_job_name_is_a_job_as_tf1s_cluster_spec_allows_one_with_no_role_and_
     c = Cluster({"local": ["localhost:2222", "localhost:2223"]}, ("local", 1))   # the tutorials' first cluster
     assert c.role() is None and c.num_replicas == 0 and c.device_filters() == [] and c.needed_tasks() == []
     assert list(Cluster({"ps": ["h:1"], "zeta": ["h:2"], "worker": ["h:3"]}).jobs) == ["worker", "ps", "zeta"]
+
+
+@pytest.mark.parametrize("job, role, trains, ends_the_run", [
+    ("chief", Role.CHIEF, True, True), ("master", Role.CHIEF, True, True), ("worker", Role.WORKER, True, True),
+    ("ps", Role.PS, False, False), ("evaluator", Role.EVALUATOR, False, False),
+    ("local", None, False, True),     # in-graph TF 1.x: its task runs the program, and its exit ends a launch
+])
+def test_a_tasks_role_says_whether_it_trains_and_whether_its_exit_ends_a_run(job, role, trains, ends_the_run):
+    task = Task(job, 0)
+    assert (task.role, task.trains, task.ends_the_run) == (role, trains, ends_the_run)
+    assert role is None or role == job.replace("master", "chief")     # roles still compare as TF's strings
 
 
 def test_a_grpc_scheme_on_an_address_is_dropped():

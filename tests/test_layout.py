@@ -30,7 +30,7 @@ LAYERS = [
     [("core", [["core.version", "core.exits", "core.environment", "core.patches"], ["core.errors"], ["core.tferrors", "core.logs", "core.checks"],
                ["core.duplicates"], ["core.posix", "core.tfguard", "core.private"], ["core"]])],
     [("topology", [["topology.ports", "topology.slurm", "topology.tfconfig"],
-                   ["topology.cluster", "topology.taskenv", "topology.devices"], ["topology"]])],
+                   ["topology.cluster"], ["topology.taskenv", "topology.devices"], ["topology"]])],
     [("runtime", [["runtime.server", "runtime.checkpoints", "runtime.preemption"], ["runtime.shutdown"],
                   ["runtime"]])],
     [("data", [["data.pipeline", "data.loaders"], ["data"]])],

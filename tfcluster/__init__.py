@@ -14,7 +14,7 @@ from .core.errors import ClusterUnreachableError, PortInUseError, SpecError, Tfc
 from .core.version import __version__  # noqa: E402,F401
 from .runtime.server import probe, server_from_tf_config, start_server, wait_for_cluster  # noqa: E402
 from .runtime.shutdown import serve_until_done, signal_done  # noqa: E402
-from .topology.cluster import Cluster, Task  # noqa: E402
+from .topology.cluster import Cluster, Role, Task  # noqa: E402
 from .topology.taskenv import quiet_tensorflow  # noqa: E402
 
 # Names whose modules import TensorFlow when used: resolved lazily, so the CLI stays fast.
@@ -41,6 +41,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'tfcluster' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "Cluster", "Task", "TfclusterError", "SpecError", "PortInUseError", "ClusterUnreachableError",
+__all__ = ["__version__", "Cluster", "Role", "Task", "TfclusterError", "SpecError", "PortInUseError", "ClusterUnreachableError",
            "start_server", "server_from_tf_config", "probe", "wait_for_cluster", "serve_until_done",
            "signal_done", "quiet_tensorflow", *_LAZY]

@@ -5,7 +5,7 @@ import sys
 
 from ..core.errors import TfclusterError
 from ..core.private import open_private
-from ..topology.cluster import Cluster
+from ..topology.cluster import Cluster, Role
 from .common import task_count
 
 
@@ -49,8 +49,8 @@ def run(args) -> int:
     script = " ".join(shlex.quote(c) for c in args.command) or "python train.py"
     print(f"# {len(cluster.tasks())} task(s); one terminal each:")
     # The ps first: the workers wait for it, as in the two-terminal tutorial.
-    for t in cluster.tasks(("ps",)) + cluster.tasks(("chief", "worker")):
-        tail = "" if t.job == "ps" else f" -- {script}"
+    for t in cluster.tasks(("ps",)) + cluster.trainers():
+        tail = "" if t.role is Role.PS else f" -- {script}"
         print(f"tfcluster start --cluster {spec_arg} --job {t.job} --task {t.index}{tail}")
     print(f"# check them: tfcluster status --cluster {spec_arg}")
     return 0

@@ -128,7 +128,7 @@ class RunConfig:
             return True
         if self._task.job == TaskType.EVALUATOR:
             return False
-        return self._cluster.role() in ("chief", "worker") and self._cluster.is_chief
+        return self._cluster.this_task().trains and self._cluster.is_chief
 
     @property
     def master(self) -> str:

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from ..core.errors import SpecError, TfclusterError
 from ..runtime.shutdown import done_when_finished, serve_as_ps
+from ..topology.cluster import Role
 from ..training.evaluator import watch_checkpoints
 
 tf1 = tf.compat.v1
@@ -66,12 +67,12 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     if cluster is None:
         return _run_local(estimator, train_spec, eval_spec)
     role = cluster.role()
-    if role == "ps":
+    if role is Role.PS:
         serve_as_ps(cluster)
         return None, None
-    if role == "evaluator":
+    if role is Role.EVALUATOR:
         return _run_evaluator(estimator, train_spec, eval_spec)
-    if role not in ("chief", "worker"):
+    if role is None or not role.trains:
         raise TfclusterError(f"train_and_evaluate has no role for {cluster.task}: give the task type chief "
                              "(or master), worker, ps or evaluator")
     with done_when_finished(cluster):

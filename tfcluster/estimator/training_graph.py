@@ -145,7 +145,7 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
     """Train ``estimator`` as this task's role asks; returns the final global step."""
     config = estimator.config
     cluster = config.cluster
-    if cluster is not None and cluster.role(cluster.task) not in ("chief", "worker"):
+    if cluster is not None and not cluster.this_task().trains:
         raise TfclusterError(f"Estimator.train runs on the chief and the workers, not on {cluster.task}; "
                              "use tf.estimator.train_and_evaluate, which gives every task its role")
     rerun_in_every_session()     # queue runners and the SyncReplicasOptimizer hook run steps of their own

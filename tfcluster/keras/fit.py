@@ -33,7 +33,7 @@ from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..runtime.server import task_server
 from ..runtime.shutdown import done_when_finished, serve_as_ps
 from ..strategies import STRATEGY_ENV
-from ..topology.cluster import Cluster
+from ..topology.cluster import Cluster, Role
 from ..topology.taskenv import new_run_id, run_id
 from ..training.hooks import CheckpointHook, trainers_done
 from ..training.liveness import heartbeat
@@ -93,10 +93,10 @@ def fit(model, x=None, y=None, *, cluster=None, checkpoint_dir=None, sync=None, 
     if cluster is None:
         return _plain_fit(model, x, y, **kwargs)
     role = cluster.role()
-    if role == "ps":
+    if role is Role.PS:
         serve_as_ps(cluster)
         return None
-    if role not in ("chief", "worker"):
+    if role is None or not role.trains:
         raise SpecError(f"tfcluster.keras.fit trains on the chief and the workers, not on {cluster.task}")
     collective = strategy_for(model, cluster)
     if collective is not None:

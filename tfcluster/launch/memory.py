@@ -21,6 +21,7 @@ from typing import Optional
 
 from ..core.errors import SpecError, TfclusterError
 from ..graph.placement import human_bytes
+from ..topology.cluster import Role
 
 log = logging.getLogger("tfcluster")
 
@@ -253,7 +254,7 @@ def ps_memory_limits(limit: Optional[int], tasks):
     if limit is None:
         yield None
         return
-    limits = MemoryLimits(limit, [str(t) for t in tasks if t.job == "ps"])
+    limits = MemoryLimits(limit, [str(t) for t in tasks if t.role is Role.PS])
     ended = False
     try:
         yield limits

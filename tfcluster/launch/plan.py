@@ -12,12 +12,12 @@ import sys
 from ..core import environment
 from ..core.errors import TfclusterError
 from ..core.private import make_private_dir, open_private
-from ..topology.cluster import Cluster, Task, parse_address
+from ..topology.cluster import Cluster, Role, Task, parse_address
 from ..topology.devices import assign_local, cpu_cores, list_gpus
 from ..topology.ports import PortReservation, hold_port, port_holder
 from ..topology.taskenv import task_environment
 from .config import LaunchConfig
-from .processes import SERVING_JOBS, TaskProcess
+from .processes import TaskProcess
 
 
 #: In the log dir: the bytes the chief placed on each ps (graph/placement.py writes it, the launcher
@@ -90,7 +90,7 @@ def hold_cluster(config: LaunchConfig):
 
 def _cluster_tasks(cluster: Cluster) -> list:
     """The ps tasks, then every other job's (chief or master first): TF 1.x clusters may name any job."""
-    rest = [t for t in cluster.tasks() if t.job not in SERVING_JOBS]
+    rest = [t for t in cluster.tasks() if t.ends_the_run]
     return cluster.tasks(("ps",)) + sorted(rest, key=lambda t: (t not in cluster.trainers()[:1],))
 
 
@@ -119,7 +119,7 @@ def plan_resources(config: LaunchConfig, gpu_lister=list_gpus):
 def _task_argv(config: LaunchConfig, view: Cluster, spec_path: str) -> list:
     """The ps is hosted by tfcluster itself, unless legacy flags make every task run the command."""
     t = view.task
-    if t.job == "ps" and config.legacy_flags == "none":
+    if t.role is Role.PS and config.legacy_flags == "none":
         return [sys.executable, "-m", "tfcluster", "start", "--cluster", spec_path, "--job", "ps",
                 "--task", str(t.index), "--stop-grace", f"{config.stop_grace:g}"] + (
                     ["--verbose"] if config.verbose else [])
@@ -141,8 +141,8 @@ def plan_tasks(config: LaunchConfig, log_dir: str, resources=None):
     procs = []
     for t in tasks:
         view = cluster.with_task(t.job, t.index)
-        hosted = t.job == "ps" and config.legacy_flags == "none"
-        env = task_environment(view, config.verbose, reuse_port=t.job != "evaluator",
+        hosted = t.role is Role.PS and config.legacy_flags == "none"
+        env = task_environment(view, config.verbose, reuse_port=t.role is not Role.EVALUATOR,
                                # the hosted ps must import the very tfcluster that runs this launcher
                                import_tfcluster=hosted)
         env[environment.RUN_ID.name] = config.run_id
@@ -151,7 +151,7 @@ def plan_tasks(config: LaunchConfig, log_dir: str, resources=None):
         if resources and t in resources:
             resources[t].apply(env)
         port = placeholder = None
-        if t.job != "evaluator":
+        if t.role is not Role.EVALUATOR:
             port = parse_address(cluster.address(t))[1]
             placeholder = by_port.pop(port)   # the task owns it now, and drops it once it serves
         proc = TaskProcess(t, _task_argv(config, view, spec_path), env,

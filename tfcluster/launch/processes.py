@@ -26,9 +26,6 @@ from ..topology.cluster import Task
 
 log = logging.getLogger("tfcluster")
 
-#: The jobs that serve rather than train: every other job's tasks (chief, master, worker, and the jobs of
-#: no role a TF 1.x cluster may name, such as "local") run the command, and their exit ends the run.
-SERVING_JOBS = ("ps", "evaluator")
 #: Seconds between SIGTERM and SIGKILL when the launcher stops a task.
 TERM_GRACE = 1.0
 _PR_SET_CHILD_SUBREAPER = 36
@@ -87,8 +84,8 @@ class TaskProcess:
 
     @property
     def is_trainer(self) -> bool:
-        """True for the tasks whose exit ends the run: every job but the ps and the evaluator."""
-        return self.task.job not in SERVING_JOBS
+        """True for the tasks whose exit ends the run (:attr:`Task.ends_the_run`)."""
+        return self.task.ends_the_run
 
     @property
     def running(self) -> bool:

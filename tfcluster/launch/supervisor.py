@@ -21,6 +21,7 @@ from typing import Optional
 
 from ..core import posix
 from ..core.exits import EXIT_TIMEOUT, describe_exit, exit_status, from_signal
+from ..topology.cluster import Role
 from ..topology.ports import hold_port
 from .config import LaunchConfig
 from .isolation import isolate_launch
@@ -135,7 +136,7 @@ class LocalLauncher:
     def _finish(self, trainers, deadline) -> int:
         """The trainers are done: stop the rest, give the evaluator its grace, succeed."""
         last_exit = time.monotonic()
-        others = [p for p in self.procs if p.task.job != "evaluator"]
+        others = [p for p in self.procs if p.task.role is not Role.EVALUATOR]
         if any(p.running for p in others if not p.is_trainer):
             log.info("all %d trainer(s) finished; stopping %s", len(trainers),
                      ", ".join(p.name for p in others if p.running))
@@ -194,7 +195,7 @@ class LocalLauncher:
         # free, and a leftover that inherited the pipe would hold the drain up.
         self.group.stop_leftovers(p)
         p.drain(1.0)
-        if p.task.job == "evaluator":
+        if p.task.role is Role.EVALUATOR:
             (log.info if code == 0 else log.warning)("%s %s (log: %s)", p.name, describe_exit(code), p.log_path)
             return None
         if code == 0:
@@ -228,7 +229,7 @@ class LocalLauncher:
         log.info("%s restarted (pid %d)", p.name, p.popen.pid)
 
     def _finish_evaluator(self, deadline) -> Optional[int]:
-        evaluators = [p for p in self.procs if p.task.job == "evaluator" and p.running]
+        evaluators = [p for p in self.procs if p.task.role is Role.EVALUATOR and p.running]
         if not evaluators:
             return None
         grace = self.config.evaluator_grace

@@ -15,7 +15,7 @@ import time
 from typing import Optional
 
 from ..core.errors import ClusterUnreachableError, PortInUseError, SpecError
-from ..topology.cluster import Cluster, Task, parse_address
+from ..topology.cluster import Cluster, Role, Task, parse_address
 from ..topology.ports import port_holder, port_is_free
 from ..topology.taskenv import import_tensorflow, native_logs_quiet, native_stderr_silenced
 
@@ -56,7 +56,7 @@ def start_server(cluster: Cluster, task: Optional[Task] = None, config=None):
     where psutil can tell, the process that holds it.
     """
     t = cluster.this_task(task)
-    if t.job == "evaluator":
+    if t.role is Role.EVALUATOR:
         raise SpecError("the evaluator runs outside the cluster and has no server")
     host, port = parse_address(cluster.address(t))
     # A launcher that holds the port for us sets TF_GRPC_REUSE_PORT; then the
@@ -107,7 +107,7 @@ def server_from_tf_config(timeout: float = 120.0, environ=None):
     Returns ``(cluster, server)``; ``server`` is None for the evaluator.
     """
     cluster = Cluster.from_tf_config(environ)
-    if cluster.task.job == "evaluator":
+    if cluster.task.role is Role.EVALUATOR:
         return cluster, None
     server = start_server(cluster)
     wait_for_cluster(cluster, timeout=timeout)

@@ -112,7 +112,7 @@ class CollectiveAllReduceStrategy(Strategy):
             if cluster.num_tasks("ps") and not idle_ps:
                 raise SpecError("the collective strategy uses no ps tasks; start the cluster without them "
                                 "(tfcluster local --ps 0 --workers 2)")
-            if cluster.task is None or cluster.role() not in ("chief", "worker"):
+            if cluster.task is None or not cluster.task.trains:
                 raise SpecError(f"the collective strategy runs on chief and worker tasks, not on {cluster.task}")
         self.cluster = cluster
         if self.towers is not None:

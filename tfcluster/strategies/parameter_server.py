@@ -85,7 +85,7 @@ class ParameterServerStrategy(Strategy):
         if cluster is None or not cluster.num_tasks("ps"):
             raise SpecError(f"the {self.name} strategy needs a cluster with ps tasks "
                             "(TF_CONFIG, or tfcluster local --ps 1 --workers 2)")
-        if cluster.task is None or cluster.role() not in ("chief", "worker"):
+        if cluster.task is None or not cluster.task.trains:
             raise SpecError(f"the {self.name} strategy runs on chief and worker tasks, not on {cluster.task}")
         n = cluster.num_replicas
         if self.backups is not None:

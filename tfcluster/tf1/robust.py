@@ -274,7 +274,7 @@ def _noting_servers(original):
 def _cluster_session(original):
     def __init__(self, target="", graph=None, config=None):
         cluster = _this_task(_servers)
-        if cluster is not None and cluster.role() in ("chief", "worker"):
+        if cluster is not None and cluster.this_task().trains:
             target_text = target.decode() if isinstance(target, bytes) else str(target)
             own_port = cluster.address(cluster.task).rsplit(":", 1)[1]
             if target_text and not cluster.is_chief and target_text.rsplit(":", 1)[-1] == own_port:

@@ -14,6 +14,7 @@ legacy flags and a per-task ``ConfigProto``.
 This module never imports TensorFlow at import time, so the CLI stays fast.
 """
 
+import enum
 import ipaddress
 import json
 import os
@@ -34,8 +35,25 @@ TRAINER_JOBS = ("chief", "master", "worker")
 #: cluster job: a session waits for every task in its ClusterSpec, so an evaluator
 #: listed there makes everybody wait for it (kubeflow/trainer#1139).
 TASK_TYPES = CLUSTER_JOBS + ("evaluator",)
-#: What each named job does.
-ROLES = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
+
+
+class Role(enum.StrEnum):
+    """What a task does, whatever its job is called (``master`` is TF 1.x's name for the chief)."""
+
+    CHIEF = "chief"
+    WORKER = "worker"
+    PS = "ps"
+    EVALUATOR = "evaluator"
+
+    @property
+    def trains(self) -> bool:
+        """True for the roles that take a replica of the model: the chief and the workers."""
+        return self in (Role.CHIEF, Role.WORKER)
+
+
+#: What each named job does; a job not named here (``local``) has no role.
+ROLES = {"chief": Role.CHIEF, "master": Role.CHIEF, "worker": Role.WORKER, "ps": Role.PS,
+         "evaluator": Role.EVALUATOR}
 _JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 
@@ -46,6 +64,22 @@ class Task:
 
     job: str
     index: int
+
+    @property
+    def role(self) -> Optional[Role]:
+        """What this task does (:class:`Role`), or None for a job with no role (``local``)."""
+        return ROLES.get(self.job)
+
+    @property
+    def trains(self) -> bool:
+        """True for the chief (or master) and the workers: the tasks that take a replica of the model."""
+        return self.job in TRAINER_JOBS
+
+    @property
+    def ends_the_run(self) -> bool:
+        """True for the tasks whose exit ends a run: the trainers, and the jobs of no role (TF 1.x's
+        in-graph ``local`` runs the program); a ps serves them and the evaluator follows them."""
+        return self.role not in (Role.PS, Role.EVALUATOR)
 
     @property
     def device(self) -> str:
@@ -323,9 +357,9 @@ class Cluster:
         """Tasks that train: the workers plus the chief (or master)."""
         return len(self.trainers())
 
-    def role(self, task: Optional[Task] = None) -> Optional[str]:
-        """``chief``, ``worker``, ``ps``, ``evaluator``, or None for a job with no role (``local``)."""
-        return ROLES.get(self.this_task(task).job)
+    def role(self, task: Optional[Task] = None) -> Optional[Role]:
+        """What ``task`` (this process's by default) does, or None for a job with no role (``local``)."""
+        return self.this_task(task).role
 
     @property
     def chief_task(self) -> Optional[Task]:
@@ -340,10 +374,7 @@ class Cluster:
 
     def needed_tasks(self, task: Optional[Task] = None):
         """The tasks that ``task`` must reach to run a session: ps tasks for trainers."""
-        t = self.this_task(task)
-        if t.job in TRAINER_JOBS:
-            return self.tasks(("ps",))
-        return []
+        return self.tasks(("ps",)) if self.this_task(task).trains else []
 
     def this_task(self, task: Optional[Task] = None) -> Task:
         """``task`` when given, else this process's task; one line when the cluster names none."""
@@ -393,9 +424,9 @@ class Cluster:
         slow worker blocks all the others (tensorflow/tensorflow#21629).
         """
         t = self.this_task(task)
-        if t.job in TRAINER_JOBS:
+        if t.trains:
             return (["/job:ps"] if "ps" in self.jobs else []) + [t.device]
-        if t.job == "ps":
+        if t.role is Role.PS:
             return [t.device]
         return []       # a job with no role may run in-graph over every task
 

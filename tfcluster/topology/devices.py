@@ -38,6 +38,7 @@ from typing import Callable, Mapping, MutableMapping, Optional, Sequence, Tuple
 
 from ..core.checks import whole_number
 from ..core.errors import SpecError
+from .cluster import ROLES, Role
 
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
@@ -157,7 +158,7 @@ def assign_local(tasks, gpus: Sequence[str], cores: int, gpus_per_worker: Option
     forced = threads_per_task is not None
     out = {t: Resources(threads=trainer_threads, forced=forced, **share) for t, share in zip(trainers, shares)}
     for t in helpers:
-        mine = () if t.job == "ps" else evaluator_gpus
+        mine = () if t.role is Role.PS else evaluator_gpus
         out[t] = Resources(gpus=mine, threads=helper_threads, forced=forced)
     return out
 
@@ -167,7 +168,7 @@ def assign_slurm(environ: Mapping, job: str, gpus: Sequence[str]) -> Resources:
     from .slurm import expand_hostlist, expand_tasks_per_node
     cpus = environ.get("SLURM_CPUS_PER_TASK", "")
     threads = int(cpus) if cpus.isdigit() and int(cpus) > 0 else None
-    if job == "ps":
+    if ROLES.get(job) is Role.PS:
         return Resources(gpus=(), threads=threads)
     local_id = environ.get("SLURM_LOCALID", "")
     try:

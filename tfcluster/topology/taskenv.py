@@ -33,6 +33,7 @@ import time
 from typing import Mapping, MutableMapping, Optional
 
 from ..core import environment
+from .cluster import Role
 from .ports import REUSE_ENV
 
 #: The directory that holds the ``tfcluster`` package, for children that must import this very copy
@@ -182,7 +183,7 @@ def task_environment(cluster, verbose: bool = False, base: Optional[dict] = None
     set_tensorflow_logging(env, verbose)
     set_legacy_keras(env)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    if cluster.task is not None and cluster.task.job == "ps":
+    if cluster.task is not None and cluster.task.role is Role.PS:
         set_huge_pages(env)
     if reuse_port:
         env.update(REUSE_ENV)

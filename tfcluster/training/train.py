@@ -36,7 +36,7 @@ from ..graph.placement import human_bytes, placement_report, record_ps_state
 from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..runtime.server import task_server, wait_for_cluster
 from ..runtime.shutdown import done_when_finished, serve_as_ps
-from ..topology.cluster import Cluster
+from ..topology.cluster import Cluster, Role
 from .evaluation import local_config, run_evaluator
 from .evaluator import EVALUATOR_TIMEOUT_SECS
 from .hooks import STILL_SECS, CheckpointHook, ProgressHook, SummaryHook, TimelineHook, trainers_done
@@ -126,7 +126,7 @@ def resolve_cluster(cluster=None):
 def _play_other_role(cluster, model_fn, eval_input_fn, checkpoint_dir, batch_size, config):
     """A ps serves until the trainers are done (None); the evaluator evaluates (a FitResult)."""
     task = cluster.task
-    if task.job == "evaluator":
+    if task.role is Role.EVALUATOR:
         if eval_input_fn is None:
             raise SpecError("this task is the evaluator, but fit() got no eval_input_fn")
         evals = run_evaluator(model_fn, eval_input_fn, checkpoint_dir, timeout_secs=config.evaluator_timeout_secs,
@@ -168,7 +168,7 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: Optional[in
     cluster = resolve_cluster(cluster)
     if cluster is not None and cluster.task is None:
         raise SpecError("the cluster names no task for this process; set TF_CONFIG's 'task'")
-    if cluster is not None and cluster.task.job in ("evaluator", "ps"):
+    if cluster is not None and cluster.task.role in (Role.EVALUATOR, Role.PS):
         return _play_other_role(cluster, model_fn, eval_input_fn, checkpoint_dir, batch_size, config)
     strategy = strategies.get(strategy or strategies.default_name(cluster)).bind(cluster)
     if cluster is not None and strategy.cluster is None and cluster.num_replicas > 1:
