@@ -101,3 +101,23 @@ def test_the_cli_imports_and_runs_where_there_is_no_sighup(tmp_path, argv, says)
     assert "Traceback" not in r.stdout + r.stderr
     assert "ran" in r.stdout
     assert sum(says in line for line in (r.stdout + r.stderr).splitlines()) == 1
+
+
+def test_signals_taken_are_given_back_as_they_were_and_a_thread_takes_none():
+    before = {s: signal.getsignal(s) for s in posix.stop_signals()}
+    seen = []
+    previous = posix.take_signals(lambda signum, _frame: seen.append(signum))
+    try:
+        assert set(previous) == set(posix.stop_signals())
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert seen == [signal.SIGTERM]
+    finally:
+        posix.give_back_signals(previous)
+    assert {s: signal.getsignal(s) for s in posix.stop_signals()} == before
+
+    import threading
+    taken = []
+    thread = threading.Thread(target=lambda: taken.append(posix.take_signals(lambda *_: None)))
+    thread.start()
+    thread.join(5)
+    assert taken == [{}]      # Python installs handlers in the main thread only: the caller stops by other means

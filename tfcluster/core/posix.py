@@ -64,6 +64,31 @@ def stop_signals() -> tuple:
     return (signal.SIGINT, signal.SIGTERM) + ((hup,) if hup is not None else ())
 
 
+def take_signals(handler, signals=None) -> dict:
+    """Route ``signals`` (:func:`stop_signals` by default) to ``handler``; returns ``{signal: previous
+    handler}`` for :func:`give_back_signals`. Outside the main thread, where Python installs no handler,
+    nothing changes and the dict is empty: the caller's stop comes by other means there."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for s in stop_signals() if signals is None else signals:
+        try:
+            previous[s] = signal.signal(s, handler)
+        except (OSError, ValueError):
+            pass
+    return previous
+
+
+def give_back_signals(previous: dict):
+    """Put back the handlers :func:`take_signals` replaced (the default one where C code had installed its own)."""
+    for s, h in previous.items():
+        try:
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        except (OSError, ValueError, TypeError):
+            pass
+
+
 def missing_features() -> list:
     """One line per missing feature, saying what is off.
 

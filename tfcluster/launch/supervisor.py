@@ -79,7 +79,7 @@ class LocalLauncher:
         log.info("%s", devices_line)
         if self.config.subreaper:
             self.group.become_subreaper()
-        previous = self._install_signal_handlers()
+        previous = posix.take_signals(lambda signum, _frame: self._signals.append(signum))
         watcher = None
         try:
             self.cluster, procs = plan_tasks(self.config, log_dir, resources)
@@ -106,7 +106,7 @@ class LocalLauncher:
                 p.close()
             if watcher is not None:
                 watcher.join(2.0)
-            _restore_signal_handlers(previous)
+            posix.give_back_signals(previous)
 
     def _supervise(self) -> int:
         deadline = None if self.config.timeout is None else time.monotonic() + self.config.timeout
@@ -272,30 +272,6 @@ class LocalLauncher:
                         log.debug("%s is not serving after %gs; port %d placeholder released",
                                   p.name, PORT_HOLD_LIMIT, p.port)
                         p.release_port()
-
-    # ----------------------------------------------------------- signals
-    def _install_signal_handlers(self):
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        previous = {}
-
-        def handler(signum, _frame):
-            self._signals.append(signum)
-        for s in posix.stop_signals():
-            try:
-                previous[s] = signal.signal(s, handler)
-            except (OSError, ValueError):
-                pass
-        return previous
-
-
-def _restore_signal_handlers(previous):
-    for s, h in previous.items():
-        try:
-            signal.signal(s, h)
-        except (OSError, ValueError, TypeError):
-            pass
-
 
 def run_local(command, writer: Optional[LineWriter] = None, **options) -> int:
     """Run a local cluster for ``command`` (see :class:`LaunchConfig`); return its exit code."""

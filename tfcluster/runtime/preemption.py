@@ -33,6 +33,8 @@ import threading
 import time
 from typing import Optional
 
+from ..core import posix
+
 log = logging.getLogger("tfcluster")
 
 #: The exit code of a preempted trainer: 128 + SIGTERM, what the signal itself would have given.
@@ -65,23 +67,19 @@ class SigtermWatch:
 
     def __init__(self):
         self.at: Optional[float] = None        # monotonic time of the first SIGTERM
-        self._previous = None
-        self._installed = False
+        self._previous = {}
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._installed = True
-        else:
+        self._previous = posix.take_signals(self._on_sigterm, (signal.SIGTERM,))
+        if threading.current_thread() is not threading.main_thread():
             log.debug("training runs outside the main thread: SIGTERM stops it at once, without a checkpoint")
         return self
 
     def __exit__(self, *exc):
-        if self._installed:
-            # Stopping already: the handler stays, so the same stop delivered twice cannot kill the exit.
-            if self.at is None:
-                signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
-            self._installed = False
+        # Stopping already: the handler stays, so the same stop delivered twice cannot kill the exit.
+        if self.at is None:
+            posix.give_back_signals(self._previous)
+        self._previous = {}
         return False
 
     def _on_sigterm(self, signum, frame):

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Optional
 
-from ..core import environment
+from ..core import environment, posix
 from ..core.errors import ChiefLostError
 from ..core.tferrors import summary
 from ..topology.cluster import Cluster, Task
@@ -94,19 +94,16 @@ def drain_on_sigterm(cluster: Cluster, stop: threading.Event, grace: float = STO
 def _sigterm_drains(cluster: Cluster, stop: threading.Event, grace: float, done: threading.Event):
     """While a library caller serves (fit's, the Estimator's, Keras's ps role): SIGTERM drains, then stops."""
     import signal
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     hold = drain_on_sigterm(cluster, stop, grace, done)
 
     def handler(signum, _frame):
         if not hold(signum):
             stop.set()
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = posix.take_signals(handler, (signal.SIGTERM,))
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        posix.give_back_signals(previous)
 
 
 def serve_until_done(server, cluster: Cluster, task: Optional[Task] = None,
