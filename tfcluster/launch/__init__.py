@@ -13,6 +13,8 @@ what torchrun is to PyTorch. The pipeline, in the order of its files:
 - :mod:`.isolation`: the cluster in its own loopback-only network namespace;
 - :mod:`.memory`: each ps in a memory cgroup of its own (``ps_memory``), and a
   ps the kernel killed for memory named as such;
+- :mod:`.task`: one task started on its own (``tfcluster start``, srun, a pod):
+  its server hosted, or its command run as it, signals forwarded;
 - :mod:`.supervisor`: restarts (``max_restarts``), the end of the run once the
   trainers are done, timeouts and signals, exit codes.
 """
