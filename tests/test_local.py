@@ -18,6 +18,8 @@ import psutil
 import pytest
 
 from conftest import Procs, base_env, kill_tree, no_process_left, run_cli
+from tfcluster import Task
+from tfcluster.launch import Ending, LaunchConfig, LocalLauncher
 from tfcluster.topology.ports import pick_free_ports
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
@@ -227,6 +229,22 @@ def test_a_worker_that_exits_3_makes_the_launcher_exit_3_and_name_it_and_its_log
     assert "worker:1 exited with code 3" in line and str(tmp_path / "logs" / "worker-1.log") in line
     assert "[worker:1] worker:1 fails on purpose with code 3" in run.lines
     assert run.alive() == []
+
+
+@pytest.mark.timeout(60)
+def test_the_launchers_result_says_why_the_run_ended_which_task_ended_it_and_how_each_task_ended(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exit_3_on_worker_1 = ("import json, os, sys; "
+                          "sys.exit(3 if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1 else 0)")
+    failed = LocalLauncher(LaunchConfig([PY, "-c", exit_3_on_worker_1], ps=0, workers=2, isolate=False)).launch()
+    assert (failed.ending, failed.exit_code, failed.failed) == (Ending.TASK_FAILED, 3, Task("worker", 1))
+    assert not failed.succeeded and failed.task("worker:1").returncode == 3
+    assert failed.task(Task("worker", 1)).log_path == os.path.join(failed.log_dir, "worker-1.log")
+
+    done = LocalLauncher(LaunchConfig([PY, "-c", "pass"], ps=0, workers=2, isolate=False)).launch()
+    assert (done.ending, done.exit_code, done.failed) == (Ending.SUCCEEDED, 0, None) and done.succeeded
+    assert [(str(r.task), r.returncode, r.restarts) for r in done.tasks] == [("worker:0", 0, 0), ("worker:1", 0, 0)]
 
 
 def test_a_worker_killed_by_a_signal_makes_the_launcher_exit_128_plus_the_signal(procs, tmp_path):

@@ -13,6 +13,7 @@ what torchrun is to PyTorch. The pipeline, in the order of its files:
 - :mod:`.isolation`: the cluster in its own loopback-only network namespace;
 - :mod:`.memory`: each ps in a memory cgroup of its own (``ps_memory``), and a
   ps the kernel killed for memory named as such;
+- :mod:`.result`: how a run ended (:class:`RunResult`): why, its exit code, each task's end;
 - :mod:`.task`: one task started on its own (``tfcluster start``, srun, a pod):
   its server hosted, or its command run as it, signals forwarded;
 - :mod:`.supervisor`: restarts (``max_restarts``), the end of the run once the
@@ -21,6 +22,8 @@ what torchrun is to PyTorch. The pipeline, in the order of its files:
 
 from .config import LaunchConfig, check_command
 from .output import LineWriter, failure_cause
+from .result import Ending, RunResult, TaskResult
 from .supervisor import LocalLauncher, run_local
 
-__all__ = ["LaunchConfig", "LocalLauncher", "run_local", "check_command", "failure_cause", "LineWriter"]
+__all__ = ["LaunchConfig", "LocalLauncher", "run_local", "check_command", "failure_cause", "LineWriter",
+           "RunResult", "Ending", "TaskResult"]

@@ -8,7 +8,8 @@ succeeded; otherwise the code of the first trainer that failed for good
 (128+N when it died of signal N), or of a ps that died and could not be
 restarted (137 for a ps the kernel killed for memory, named as such under
 ``ps_memory``); 124 when the timeout expired; 128+N when the launcher itself got
-signal N (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP).
+signal N (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP). :meth:`LocalLauncher.launch` returns the
+code in a :class:`~tfcluster.launch.result.RunResult`, with why the run ended and how each task did.
 """
 
 import logging
@@ -20,7 +21,7 @@ import time
 from typing import Optional
 
 from ..core import posix
-from ..core.exits import EXIT_TIMEOUT, describe_exit, exit_status, from_signal
+from ..core.exits import EXIT_OK, EXIT_TIMEOUT, describe_exit, exit_status, from_signal
 from ..topology.cluster import Role
 from ..topology.ports import hold_port
 from .config import LaunchConfig
@@ -29,6 +30,7 @@ from .memory import MemoryLimits, ps_memory_limits
 from .output import LineWriter, failure_cause
 from .plan import PS_STATE_FILE, make_log_dir, plan_resources, plan_tasks, planned_tasks
 from .processes import TaskGroup
+from .result import Ending, RunResult, TaskResult
 
 log = logging.getLogger("tfcluster")
 
@@ -58,6 +60,10 @@ class LocalLauncher:
     # ----------------------------------------------------------- running
     def run(self) -> int:
         """Start the cluster, supervise it until the trainers are done, stop it; return the exit code."""
+        return self.launch().exit_code
+
+    def launch(self) -> RunResult:
+        """As :meth:`run`, returning how the run ended (:class:`RunResult`)."""
         # Resources first: asking for more GPUs than there are is refused before anything is made.
         resources, devices_line = plan_resources(self.config)
         # The memory cgroups before anything else is made: one that cannot be made is then the only line,
@@ -65,7 +71,7 @@ class LocalLauncher:
         with ps_memory_limits(self.config.ps_memory, planned_tasks(self.config)) as self.memory:
             return self._run(resources, devices_line)
 
-    def _run(self, resources, devices_line) -> int:
+    def _run(self, resources, devices_line) -> RunResult:
         # Isolation before anything is made (required isolation that fails leaves nothing), said after
         # the log dir, whose failure is then the only line.
         self.isolated, isolation = isolate_launch(self.config)
@@ -92,7 +98,7 @@ class LocalLauncher:
                 log.info("%s started (pid %d): %s", p.name, p.popen.pid, " ".join(shlex.quote(a) for a in p.argv))
             watcher = threading.Thread(target=self._release_ports_when_up, name="tfcluster-ports", daemon=True)
             watcher.start()
-            return self._supervise()
+            end = self._supervise()
         finally:
             self._finished.set()
             self.group.stop()
@@ -107,15 +113,19 @@ class LocalLauncher:
             if watcher is not None:
                 watcher.join(2.0)
             posix.give_back_signals(previous)
+        ending, code, failed = end
+        return RunResult(ending, code, failed, log_dir=log_dir, tasks=tuple(
+            TaskResult(p.task, p.poll(), p.restarts, p.log_path) for p in self.procs))
 
-    def _supervise(self) -> int:
+    def _supervise(self) -> tuple:
+        """``(Ending, exit code, the task that ended the run or None)``."""
         deadline = None if self.config.timeout is None else time.monotonic() + self.config.timeout
         trainers = [p for p in self.procs if p.is_trainer]
         last_look = 0.0
         while True:
-            code = self._check_interrupts(deadline)
-            if code is not None:
-                return code
+            end = self._check_interrupts(deadline)
+            if end is not None:
+                return end
             now = time.monotonic()
             if now - last_look > 0.5:
                 for p in self.procs:
@@ -127,13 +137,13 @@ class LocalLauncher:
                     continue
                 code = self._on_exit(p)
                 if code is not None:
-                    return code
+                    return Ending.TASK_FAILED, code, p.task
             if all(p.returncode == 0 for p in trainers) or self._left_in_join(trainers):
                 break
             time.sleep(_POLL)
         return self._finish(trainers, deadline)
 
-    def _finish(self, trainers, deadline) -> int:
+    def _finish(self, trainers, deadline) -> tuple:
         """The trainers are done: stop the rest, give the evaluator its grace, succeed."""
         last_exit = time.monotonic()
         others = [p for p in self.procs if p.task.role is not Role.EVALUATOR]
@@ -143,11 +153,11 @@ class LocalLauncher:
         self.group.stop(others)
         self.shutdown_seconds = time.monotonic() - last_exit
         log.debug("every task process was gone %.2fs after the last trainer exited", self.shutdown_seconds)
-        code = self._finish_evaluator(deadline)
-        if code is not None:
-            return code
+        end = self._finish_evaluator(deadline)
+        if end is not None:
+            return end
         log.info("done: %d trainer(s) succeeded", len(trainers))
-        return 0
+        return Ending.SUCCEEDED, EXIT_OK, None
 
     def _left_in_join(self, trainers) -> bool:
         """True once the chief finished ``join_grace`` seconds ago: the trainers still running are
@@ -176,16 +186,16 @@ class LocalLauncher:
                      ", ".join(running))
         return False
 
-    def _check_interrupts(self, deadline) -> Optional[int]:
+    def _check_interrupts(self, deadline) -> Optional[tuple]:
         if self._signals:
             sig = self._signals[0]
             log.warning("got %s; stopping the cluster (each task has %gs to end its step and save, "
                         "--stop-grace; a second signal stops it at once); --run-id %s resumes this run",
                         signal.Signals(sig).name, self.config.stop_grace, self.config.run_id)
-            return from_signal(sig)
+            return Ending.STOPPED, from_signal(sig), None
         if deadline is not None and time.monotonic() >= deadline:
             log.error("timed out after %gs (--timeout); stopping the cluster", self.config.timeout)
-            return EXIT_TIMEOUT
+            return Ending.TIMED_OUT, EXIT_TIMEOUT, None
         return None
 
     def _on_exit(self, p) -> Optional[int]:
@@ -228,7 +238,7 @@ class LocalLauncher:
             p.start(self.writer)
         log.info("%s restarted (pid %d)", p.name, p.popen.pid)
 
-    def _finish_evaluator(self, deadline) -> Optional[int]:
+    def _finish_evaluator(self, deadline) -> Optional[tuple]:
         evaluators = [p for p in self.procs if p.task.role is Role.EVALUATOR and p.running]
         if not evaluators:
             return None
@@ -236,9 +246,9 @@ class LocalLauncher:
         log.info("waiting up to %gs (--evaluator-grace) for the evaluator to finish", grace)
         end = time.monotonic() + grace
         while any(p.running for p in evaluators) and time.monotonic() < end:
-            code = self._check_interrupts(deadline)
-            if code is not None:
-                return code
+            interrupted = self._check_interrupts(deadline)
+            if interrupted is not None:
+                return interrupted
             for p in evaluators:
                 if p.running and p.poll() is not None:
                     self._on_exit(p)
@@ -272,6 +282,7 @@ class LocalLauncher:
                         log.debug("%s is not serving after %gs; port %d placeholder released",
                                   p.name, PORT_HOLD_LIMIT, p.port)
                         p.release_port()
+
 
 def run_local(command, writer: Optional[LineWriter] = None, **options) -> int:
     """Run a local cluster for ``command`` (see :class:`LaunchConfig`); return its exit code."""
