@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tfcluster import Role
-from tfcluster.topology.cluster import Cluster, Task, parse_address
+from tfcluster.topology.cluster import Cluster, LegacyFlags, Task, parse_address
 from tfcluster.topology.slurm import expand_hostlist, expand_tasks_per_node
 from tfcluster.core.errors import SpecError, TfclusterError
 from tfcluster.topology.ports import port_is_free
@@ -320,6 +320,7 @@ def test_tf_config_round_trips_through_from_json():
 ])
 def test_legacy_flags_render_in_each_style(style, flags):
     assert Cluster(JOBS, ("worker", 1)).legacy_flags(style=style) == flags
+    assert Cluster(JOBS, ("worker", 1)).legacy_flags(style=LegacyFlags(style)) == flags
 
 
 @pytest.mark.parametrize("task, filters", [

@@ -16,7 +16,7 @@ import sys
 
 from ..core import environment
 from ..core.errors import TfclusterError
-from ..topology.cluster import TASK_TYPES, Cluster
+from ..topology.cluster import TASK_TYPES, Cluster, LegacyFlags
 
 log = logging.getLogger("tfcluster")
 
@@ -98,6 +98,12 @@ def cluster_from_args(args, need_task=True) -> Cluster:
     return cluster
 
 
+def add_legacy_flags_arg(p, help_text: str):
+    """``--legacy-flags [STYLE]``: a :class:`LegacyFlags` style, ``all`` when the flag is given bare."""
+    p.add_argument("--legacy-flags", nargs="?", const=LegacyFlags.ALL.value, default=LegacyFlags.NONE.value,
+                   choices=[style.value for style in LegacyFlags], metavar="STYLE", help=help_text)
+
+
 def add_run_args(p):
     """Options about the command a task runs: TF1 mode, the strategy, TF's logs."""
     p.add_argument("--tf1", action="store_true",
@@ -133,7 +139,7 @@ def task_command(args) -> list:
         if not command:
             raise TfclusterError("--tf1 runs a TF 1.x script: give it after '--', e.g. -- python train.py")
         return tf1_command(command)
-    if getattr(args, "legacy_flags", "none") != "none" and not getattr(args, "no_session_fixes", False):
+    if getattr(args, "legacy_flags", LegacyFlags.NONE) != LegacyFlags.NONE and not getattr(args, "no_session_fixes", False):
         try:
             fixed = tf1_command(command, session_fixes_only=True)
         except TfclusterError:   # not a Python script: it runs as given

@@ -8,8 +8,8 @@ from ..core.errors import TfclusterError
 from ..core.logs import use_prefixed_logging
 from ..core.tfguard import check_tensorflow, require_tensorflow
 from ..runtime.preemption import STOP_GRACE_SECS
-from ..topology.cluster import Cluster
-from .common import add_run_args, extra_environment, task_command, task_count
+from ..topology.cluster import Cluster, LegacyFlags
+from .common import add_legacy_flags_arg, add_run_args, extra_environment, task_command, task_count
 
 DESCRIPTION = """\
 Start one process per task on this machine, show every line of every task prefixed
@@ -97,10 +97,8 @@ def add_parser(sub):
     lo.add_argument("--chief", action="store_true", help="add a chief task (it runs COMMAND)")
     lo.add_argument("--evaluator", action="store_true",
                     help="add an evaluator (runs COMMAND outside the cluster; stopped after --evaluator-grace)")
-    lo.add_argument("--legacy-flags", nargs="?", const="all", default="none", choices=("all", "job-task", "none"),
-                    metavar="STYLE",
-                    help="pass --job_name/--task_index (and --ps_hosts/--worker_hosts with 'all', the "
-                         "default STYLE) to COMMAND, and run COMMAND as the ps too; 'none' to turn off")
+    add_legacy_flags_arg(lo, "pass --job_name/--task_index (and --ps_hosts/--worker_hosts with 'all', the "
+                             "default STYLE) to COMMAND, and run COMMAND as the ps too; 'none' to turn off")
     lo.add_argument("--log-dir", metavar="DIR",
                     help="one log file per task here (default: a new ./tfcluster-logs/<time> directory)")
     lo.add_argument("--timeout", type=float, metavar="S", help="stop everything after S seconds (exit 124)")
@@ -194,7 +192,7 @@ def _needs_tensorflow(config, tf1: bool):
     """Who in this launcher's own Python needs TensorFlow: the ps tasks it hosts, TF1 mode; None: nobody."""
     if tf1:
         return "TF1 mode"
-    if config.ps and config.legacy_flags == "none":
+    if config.ps and config.legacy_flags is LegacyFlags.NONE:
         return "hosting the ps tasks"
     return None
 

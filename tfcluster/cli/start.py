@@ -9,7 +9,7 @@ from ..launch.task import host_server, needs_tensorflow, run_task_command, slurm
 from ..runtime.preemption import STOP_GRACE_SECS
 from ..topology.cluster import Role
 from ..topology.taskenv import huge_pages_pending, set_huge_pages
-from .common import add_cluster_args, add_run_args, cluster_from_args, extra_environment, task_command
+from .common import add_cluster_args, add_legacy_flags_arg, add_run_args, cluster_from_args, extra_environment, task_command
 
 
 def add_parser(sub):
@@ -20,8 +20,8 @@ def add_parser(sub):
                                    "CMD with TF_CONFIG set for the task; CMD hosts its own server.",
                        usage="tfcluster start [options] --job JOB --task I [[--] COMMAND ...]")
     add_cluster_args(s)
-    s.add_argument("--legacy-flags", nargs="?", const="all", default="none", choices=("all", "job-task", "none"),
-                   help="also pass --job_name/--task_index (and --ps_hosts/--worker_hosts with 'all') to COMMAND")
+    add_legacy_flags_arg(s, "also pass --job_name/--task_index (and --ps_hosts/--worker_hosts with 'all', the "
+                            "default STYLE) to COMMAND")
     s.add_argument("--timeout", type=float, default=120.0, metavar="S",
                    help="with no COMMAND: seconds a worker or chief waits for its ps tasks (default 120)")
     s.add_argument("--no-exit-when-done", action="store_true",

@@ -16,12 +16,9 @@ from typing import Mapping, Optional, Tuple, Union
 from ..core.checks import seconds, whole_number
 from ..core.errors import SpecError
 from ..runtime.preemption import STOP_GRACE_SECS
-from ..topology.cluster import Cluster, is_loopback, parse_address
+from ..topology.cluster import Cluster, LegacyFlags, is_loopback, parse_address
 from ..topology.taskenv import new_run_id, run_id
 from .memory import parse_size
-
-LEGACY_FLAG_STYLES = ("all", "job-task", "none")
-
 
 @dataclass(frozen=True)
 class LaunchConfig:
@@ -31,7 +28,8 @@ class LaunchConfig:
       ``legacy_flags``, the ps too).
     - ``ps``, ``workers``, ``chief``, ``evaluator``: the tasks, on ``host`` with
       free ports, unless ``cluster`` gives them (scripts with hard-coded ports).
-    - ``legacy_flags``: ``"all"``, ``"job-task"`` or ``"none"`` (TF1's flags).
+    - ``legacy_flags``: a :class:`~tfcluster.topology.cluster.LegacyFlags` style, ``"all"``, ``"job-task"``
+      or ``"none"`` (TF1's flags).
     - ``log_dir``: one log per task (None: ``./tfcluster-logs/<time>``).
     - ``timeout``: stop everything after this many seconds (exit 124).
     - ``max_restarts``: restarts of a task that crashes.
@@ -101,10 +99,9 @@ class LaunchConfig:
         else:
             check_host(self.host)
         self._check_numbers()
-        if self.legacy_flags not in LEGACY_FLAG_STYLES:
-            raise SpecError(f"{{legacy_flags}}: unknown style {self.legacy_flags!r}; use all, job-task or none",
-                            params=["legacy_flags"])
-        if self.legacy_flags == "all" and self.chief:
+        object.__setattr__(self, "legacy_flags", LegacyFlags.parse(self.legacy_flags, "{legacy_flags}",
+                                                                    params=["legacy_flags"]))
+        if self.legacy_flags is LegacyFlags.ALL and self.chief:
             raise SpecError("{legacy_flags}=all has no chief host list (TF1 scripts make worker 0 the chief); "
                             "drop {chief}, or use {legacy_flags}=job-task with TF_CONFIG",
                             params=["legacy_flags", "chief"])

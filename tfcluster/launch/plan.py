@@ -12,7 +12,7 @@ import sys
 from ..core import environment
 from ..core.errors import TfclusterError
 from ..core.private import make_private_dir, open_private
-from ..topology.cluster import Cluster, Role, Task, parse_address
+from ..topology.cluster import Cluster, LegacyFlags, Role, Task, parse_address
 from ..topology.devices import assign_local, cpu_cores, list_gpus
 from ..topology.ports import PortReservation, hold_port, port_holder
 from ..topology.taskenv import task_environment
@@ -119,7 +119,7 @@ def plan_resources(config: LaunchConfig, gpu_lister=list_gpus):
 def _task_argv(config: LaunchConfig, view: Cluster, spec_path: str) -> list:
     """The ps is hosted by tfcluster itself, unless legacy flags make every task run the command."""
     t = view.task
-    if t.role is Role.PS and config.legacy_flags == "none":
+    if t.role is Role.PS and config.legacy_flags is LegacyFlags.NONE:
         return [sys.executable, "-m", "tfcluster", "start", "--cluster", spec_path, "--job", "ps",
                 "--task", str(t.index), "--stop-grace", f"{config.stop_grace:g}"] + (
                     ["--verbose"] if config.verbose else [])
@@ -141,7 +141,7 @@ def plan_tasks(config: LaunchConfig, log_dir: str, resources=None):
     procs = []
     for t in tasks:
         view = cluster.with_task(t.job, t.index)
-        hosted = t.role is Role.PS and config.legacy_flags == "none"
+        hosted = t.role is Role.PS and config.legacy_flags is LegacyFlags.NONE
         env = task_environment(view, config.verbose, reuse_port=t.role is not Role.EVALUATOR,
                                # the hosted ps must import the very tfcluster that runs this launcher
                                import_tfcluster=hosted)

@@ -51,6 +51,22 @@ class Role(enum.StrEnum):
         return self in (Role.CHIEF, Role.WORKER)
 
 
+class LegacyFlags(enum.StrEnum):
+    """Which of TF 1.x's command-line flags a task's command gets (:meth:`Cluster.legacy_flags`)."""
+
+    ALL = "all"                 # --job_name --task_index --ps_hosts --worker_hosts
+    JOB_TASK = "job-task"       # --job_name --task_index (the cluster from TF_CONFIG)
+    NONE = "none"               # TF_CONFIG only
+
+    @classmethod
+    def parse(cls, style, where: str = "legacy flags", params=()) -> "LegacyFlags":
+        """``style`` as a :class:`LegacyFlags`; one line naming the three styles when it is none of them."""
+        try:
+            return cls(style)
+        except ValueError:
+            raise SpecError(f"{where}: unknown style {style!r}; use all, job-task or none", params=params) from None
+
+
 #: What each named job does; a job not named here (``local``) has no role.
 ROLES = {"chief": Role.CHIEF, "master": Role.CHIEF, "worker": Role.WORKER, "ps": Role.PS,
          "evaluator": Role.EVALUATOR}
@@ -404,15 +420,14 @@ class Cluster:
         """Pretty JSON of the bare cluster dict, for a cluster file."""
         return json.dumps(self.as_dict(), indent=2) + "\n"
 
-    def legacy_flags(self, task: Optional[Task] = None, style: str = "all") -> list:
-        """The TF1 flags ``--job_name --task_index [--ps_hosts --worker_hosts]``."""
-        if style not in ("all", "job-task", "none"):
-            raise SpecError(f"legacy flags: unknown style {style!r}; use all, job-task or none")
+    def legacy_flags(self, task: Optional[Task] = None, style: str = LegacyFlags.ALL) -> list:
+        """The TF1 flags ``--job_name --task_index [--ps_hosts --worker_hosts]`` a :class:`LegacyFlags` style gives."""
+        style = LegacyFlags.parse(style)
         t = _validated_task(self.jobs, task) if task is not None else self.this_task()
-        if style == "none":
+        if style is LegacyFlags.NONE:
             return []
         flags = [f"--job_name={t.job}", f"--task_index={t.index}"]
-        if style == "all":
+        if style is LegacyFlags.ALL:
             flags += [f"--ps_hosts={','.join(self.jobs.get('ps', ()))}",
                       f"--worker_hosts={','.join(self.jobs.get('worker', ()))}"]
         return flags
