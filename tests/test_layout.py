@@ -267,6 +267,14 @@ def test_the_readme_table_gives_every_folder_one_row():
     assert len(rows) == len(set(rows))
 
 
+def test_the_docs_map_draws_every_folder_in_layer_order_and_every_path_it_names_exists():
+    text = open(os.path.join(REPO, "docs", "map.md"), encoding="utf-8").read()
+    drawn = [f for line in text.split("```")[1].splitlines() for f in re.findall(r"(?:^|\s)(\w+)/ ", line)]
+    assert drawn == [folder for layer in reversed(LAYERS) for folder, _ in layer if folder]
+    named = set(re.findall(r"`(tfcluster/[\w/]+(?:\.py)?)`", text))
+    assert named and sorted(p for p in named if not os.path.exists(os.path.join(REPO, p))) == []
+
+
 def _code_strings(tree):
     """Every string constant of a module's code, its docstrings left out."""
     docs = set()
