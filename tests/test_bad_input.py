@@ -28,6 +28,9 @@ import time
 import pytest
 
 from conftest import TFCLUSTER, base_env
+from tfcluster.core import environment
+from tfcluster.core.checks import seconds_from
+from tfcluster.core.errors import SpecError
 from tfcluster.topology.ports import pick_free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -136,6 +139,10 @@ CATALOGUE = [
     ("id outside its identity column", RUN, "local --tf1 --ps 0 --workers 1 --log-dir {tmp}/logs -- {py} identity.py",
      ["worker:0 exited with code 2", "a training step failed on its input", "id/weighted_sum", "on worker:0",
       "indices[1] =", " 12 ", "(an id is outside its table"], 2, 90),
+    ("a duration TF1 mode reads from the environment that is not a number", RUN,
+     "local --tf1 --ps 0 --workers 1 --log-dir {tmp}/logs -- {py} train.py",
+     ["worker:0 exited with code 2", "TFCLUSTER_TF1_READY_POLL_SECS='soon' must be a positive number of seconds"],
+     2, 60),
     ("unreachable ps host", RUN,
      "start --ps 192.0.2.1:{free2} --worker localhost:{free} --job worker --task 0 --timeout 3",
      ["gave up after 3s waiting for /job:ps/task:0 at 192.0.2.1:{free2}"], 3, 60),
@@ -145,12 +152,13 @@ CATALOGUE = [
      3, 60),
 ]
 ENVIRONMENTS = {
+    "a duration TF1 mode reads from the environment that is not a number": {"TFCLUSTER_TF1_READY_POLL_SECS": "soon"},
     "TF_CONFIG naming a task index not in the cluster":
         {"TF_CONFIG": json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]},
                                   "task": {"type": "worker", "index": 3}})},
 }
 # Rows whose command loads TensorFlow: several seconds each on a loaded machine.
-SLOW = {"checkpoint dir that cannot be made", "unreachable ps host", "unresolvable ps host", "hash bucket count below 1",
+SLOW = {"checkpoint dir that cannot be made", "a duration TF1 mode reads from the environment that is not a number", "unreachable ps host", "unresolvable ps host", "hash bucket count below 1",
         "partitioner asking for more parts than rows", "id outside its identity column"}
 
 
@@ -218,3 +226,14 @@ def test_a_checkpoint_dir_on_a_read_only_filesystem_fails_before_the_first_step(
     # It failed before training: no step ran, so no work was lost at a first save.
     assert "first step done" not in r.stdout
     assert os.listdir(ckpt) == []
+
+
+@pytest.mark.parametrize("variable", [environment.SYNC_STALL_SECS, environment.SYNC_TIMEOUT_SECS,
+                                      environment.TF1_READY_POLL_SECS, environment.TF1_STOP_GRACE_SECS])
+def test_a_duration_read_from_the_environment_is_its_default_when_unset_and_one_line_when_not_a_positive_number(
+        variable):
+    assert seconds_from(variable, 7.0, {}) == 7.0 and seconds_from(variable, 7.0, {variable.name: " "}) == 7.0
+    assert seconds_from(variable, 7.0, {variable.name: "2.5"}) == 2.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        with pytest.raises(SpecError, match=rf"^{variable.name}='{bad}' must be a positive number of seconds$"):
+            seconds_from(variable, 7.0, {variable.name: bad})

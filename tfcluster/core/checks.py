@@ -28,3 +28,19 @@ def seconds(name: str, value, positive: bool = True, optional: bool = False) -> 
         what = "a positive number of seconds" if positive else ">= 0 seconds"
         raise SpecError(f"{{{name}}} must be {what}, got {value!r}", params=[name])
     return float(value)
+
+
+def seconds_from(variable, default: float, environ=None) -> float:
+    """A ``TFCLUSTER_*`` variable (:mod:`tfcluster.core.environment`) read as a positive number of seconds:
+    ``default`` when it is unset or empty, one line naming it when it is anything else. The one policy for
+    every duration read from the environment: a typo stops the run, it is not replaced by the default."""
+    text = (variable.get(environ) or "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise SpecError(f"{variable.name}={text!r} must be a positive number of seconds")
+    return value

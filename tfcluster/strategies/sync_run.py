@@ -18,9 +18,9 @@ import threading
 import time
 
 from ..core import environment
-from ..core.checks import seconds
+from ..core.checks import seconds, seconds_from
 from ..core.duplicates import ATTEMPTS, is_false_duplicate, rerun, warn_rerun
-from ..core.errors import SpecError, SyncStallError
+from ..core.errors import SyncStallError
 from ..graph.step import StepResult, StepRunner, run_with_request
 
 log = logging.getLogger("tfcluster")
@@ -35,15 +35,7 @@ def stall_defaults(warn_secs=None, timeout_secs=None) -> tuple:
     """``(stall_warn_secs, stall_timeout_secs)``: those given, else ``TFCLUSTER_SYNC_STALL_SECS`` and
     ``TFCLUSTER_SYNC_TIMEOUT_SECS``, else 30 s and 600 s."""
     def pick(given, variable, default, name):
-        if given is not None:
-            return seconds(name, given)
-        text = variable.get()
-        if not text:
-            return default
-        try:
-            return seconds(name, float(text))
-        except (ValueError, SpecError):
-            raise SpecError(f"{variable}={text!r} must be a positive number of seconds") from None
+        return seconds(name, given) if given is not None else seconds_from(variable, default)
     return (pick(warn_secs, environment.SYNC_STALL_SECS, STALL_WARN_SECS, "stall_warn_secs"),
             pick(timeout_secs, environment.SYNC_TIMEOUT_SECS, STALL_TIMEOUT_SECS, "stall_timeout_secs"))
 

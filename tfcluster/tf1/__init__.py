@@ -30,6 +30,7 @@ import sys
 import types
 
 from ..core import environment
+from ..core.checks import seconds_from
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import TF1RemovedError
 from ..core.logs import quiet_keras_thread_notice, tensorflow_lines_once
@@ -228,11 +229,11 @@ def install_session_fixes(ready_poll_secs=None, retry_duplicates: bool = True):
     """
     from tensorflow.python.platform import tf_logging
     from . import robust
-    ready_poll_secs = _seconds(READY_POLL_ENV, DEFAULT_READY_POLL_SECS) if ready_poll_secs is None \
-        else ready_poll_secs
+    if ready_poll_secs is None:
+        ready_poll_secs = seconds_from(environment.TF1_READY_POLL_SECS, DEFAULT_READY_POLL_SECS)
     if ready_poll_secs != robust.TF_DEFAULT_RECOVERY_WAIT:
         robust.fast_ready_polling(ready_poll_secs)
-    stop_grace = _seconds(STOP_GRACE_ENV, DEFAULT_STOP_GRACE_SECS)
+    stop_grace = seconds_from(environment.TF1_STOP_GRACE_SECS, DEFAULT_STOP_GRACE_SECS)
     if stop_grace != robust.TF_DEFAULT_STOP_GRACE:
         robust.quick_stop(stop_grace)
     robust.quiet_late_queue_runners()
@@ -256,18 +257,6 @@ def _quiet_deprecations(deprecation):
     warnings.filterwarnings("ignore", message=r"`Model\.state_updates` will be removed", category=UserWarning)
     # tf-slim's layers call TF's own legacy layers through layer.apply (tf1/slim.py)
     warnings.filterwarnings("ignore", message=r"`layer\.apply` is deprecated", category=UserWarning)
-
-
-def _seconds(variable: str, default: float) -> float:
-    text = os.environ.get(variable, "")
-    try:
-        value = float(text) if text else default
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        log.warning("%s=%r is not a positive number of seconds; using %g", variable, text, default)
-        return default
-    return value
 
 
 # ------------------------------------------------------------------ commands

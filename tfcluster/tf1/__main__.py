@@ -19,6 +19,7 @@ import os
 import runpy
 import sys
 
+from ..core.errors import TfclusterError
 from ..core.exits import EXIT_USAGE
 from ..core.logs import setup_tf1_logging
 from . import SESSION_FIXES_ONLY
@@ -35,7 +36,6 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
 
 def _one_line_cause(error):
     """``(line, exit code)`` of the error in the chain that deserves one clear line instead of a traceback."""
-    from ..core.errors import TfclusterError
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -108,6 +108,8 @@ def main(argv=None) -> int:
             install()
     except ImportError as e:
         return _fail(f"cannot import TensorFlow for TF1 mode: {e}")
+    except TfclusterError as e:         # a TFCLUSTER_* setting TF1 mode reads, say
+        return _fail(str(e), e.exit_code)
     try:
         if module is not None:
             sys.argv = [module] + args
