@@ -41,7 +41,7 @@ LAYERS = [
                      ["strategies.local", "strategies.mirrored", "strategies.sync"], ["strategies.sync_run"],
                      ["strategies.parameter_server", "strategies.collective", "strategies.sync_replicas"],
                      ["strategies"]])],
-    [("training", [["training.timer", "training.evaluator"],
+    [("training", [["training.timer", "training.checkpoint_watch"],
                    ["training.hooks", "training.liveness", "training.input_position"], ["training.chief"],
                    ["training.session"],
                    ["training.loop"], ["training.evaluation", "training.train_metrics"], ["training.train"],

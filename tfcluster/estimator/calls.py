@@ -40,7 +40,7 @@ def check_model_fn(model_fn, params):
         raise ModelFnError("Estimator got params but model_fn takes no 'params' argument")
 
 
-def call_model_fn(model_fn, features, labels, mode, params, config) -> EstimatorSpec:
+def call_estimator_model_fn(model_fn, features, labels, mode, params, config) -> EstimatorSpec:
     """``model_fn`` with the arguments it takes; its EstimatorSpec, checked for ``mode``."""
     args = fn_args(model_fn)
     given = {"features": features, "labels": labels, "mode": mode, "params": params, "config": config}

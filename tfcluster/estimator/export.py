@@ -20,7 +20,7 @@ from tensorflow.python.util import deprecation
 
 from ..core.errors import TfclusterError
 from ..runtime.checkpoints import checkpoint_step
-from .calls import call_model_fn
+from .calls import call_estimator_model_fn
 from .inference import inference_graph
 from .spec import ModeKeys
 
@@ -99,7 +99,7 @@ def export_saved_model(estimator, export_dir_base, serving_input_receiver_fn, as
     with graph.as_default():
         tf1.train.get_or_create_global_step()
         receiver = serving_input_receiver_fn()
-        spec = call_model_fn(estimator.model_fn, receiver.features, None, ModeKeys.PREDICT, estimator.params,
+        spec = call_estimator_model_fn(estimator.model_fn, receiver.features, None, ModeKeys.PREDICT, estimator.params,
                              estimator.config)
         with deprecation.silence():      # TF's signature helpers use its own deprecated functions
             signatures = _signatures(spec, receiver)

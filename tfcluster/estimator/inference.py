@@ -16,7 +16,7 @@ from ..core.errors import TfclusterError
 from ..graph.step import StepContext, StepValues
 from ..runtime.checkpoints import checkpoint_exists, restore_error
 from ..training.loop import merge_requests
-from .calls import call_input_fn, call_model_fn
+from .calls import call_input_fn, call_estimator_model_fn
 from .spec import ModeKeys
 
 tf1 = tf.compat.v1
@@ -110,7 +110,7 @@ def evaluate(estimator, input_fn, steps=None, hooks=None, checkpoint_path=None, 
             tf1.set_random_seed(estimator.config.tf_random_seed)
         global_step = tf1.train.get_or_create_global_step()
         features, labels, init, _ = call_input_fn(input_fn, ModeKeys.EVAL, estimator.params, estimator.config)
-        spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.EVAL, estimator.params,
+        spec = call_estimator_model_fn(estimator.model_fn, features, labels, ModeKeys.EVAL, estimator.params,
                              estimator.config)
         metrics = dict(spec.eval_metric_ops)
         metrics.setdefault("loss", tf1.metrics.mean(spec.loss))
@@ -158,7 +158,7 @@ def predict(estimator, input_fn, predict_keys=None, hooks=None, checkpoint_path=
     with graph.as_default():
         tf1.train.get_or_create_global_step()
         features, _, init, _ = call_input_fn(input_fn, ModeKeys.PREDICT, estimator.params, estimator.config)
-        spec = call_model_fn(estimator.model_fn, features, None, ModeKeys.PREDICT, estimator.params,
+        spec = call_estimator_model_fn(estimator.model_fn, features, None, ModeKeys.PREDICT, estimator.params,
                              estimator.config)
         predictions = _select(spec.predictions, predict_keys)
         all_hooks = list(spec.prediction_hooks) + list(hooks or ())

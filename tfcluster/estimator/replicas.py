@@ -43,7 +43,7 @@ from ..core.errors import ModelFnError, SpecError
 from ..graph.model import split_element
 from ..strategies.collective import mean_gradients
 from ..strategies.towers import sum_gradients, tower_device_fn
-from .calls import call_model_fn
+from .calls import call_estimator_model_fn
 from .spec import EstimatorSpec, ModeKeys
 
 tf1 = tf.compat.v1
@@ -168,7 +168,7 @@ def build_collective(model_fn, features, labels, params, config, collective):
     _BUILDING.update(collective=collective, reduced=False)
     try:
         with _one_update(collective.num_workers, recorded):
-            spec = call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
+            spec = call_estimator_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
     finally:
         _BUILDING["collective"] = None
     if _BUILDING["reduced"]:
@@ -201,7 +201,7 @@ def build_replicas(model_fn, iterator, features, labels, params, config, towers,
         log.info("model_fn runs on %s, one update per step from all of them", towers.describe())
         if collective is not None:          # the towers' mean gradient, then the workers' mean of those
             return build_collective(model_fn, features, labels, params, config, collective)
-        return call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
+        return call_estimator_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
     if collective is not None:
         collective.start_graph()
     with _one_update(len(devices) * (collective.num_workers if collective is not None else 1), recorded):
@@ -212,7 +212,7 @@ def build_replicas(model_fn, iterator, features, labels, params, config, towers,
             # Compute on the replica's device; variables where the placement outside puts them (the ps).
             with tf1.variable_scope(tf1.get_variable_scope(), reuse=k > 0), tf1.name_scope(f"replica_{k}"), \
                     tf1.device(tower_device_fn(device, place_variables=False)):
-                specs.append(call_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config))
+                specs.append(call_estimator_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config))
     updates = _apply_once(recorded, collective)
     first = specs[0]
     loss = tf.add_n([s.loss for s in specs]) / len(specs)        # TF 1.x reported the replicas' mean loss

@@ -20,7 +20,7 @@ import tensorflow as tf
 from ..core.errors import SpecError, TfclusterError
 from ..runtime.shutdown import done_when_finished, serve_as_ps
 from ..topology.cluster import Role
-from ..training.evaluator import watch_checkpoints
+from ..training.checkpoint_watch import watch_checkpoints
 
 tf1 = tf.compat.v1
 log = logging.getLogger("tfcluster")
@@ -129,7 +129,7 @@ def _run_local(estimator, train_spec, eval_spec):
 
 
 def _run_evaluator(estimator, train_spec, eval_spec, poll_secs: float = 1.0):
-    """Evaluate the newest checkpoint when due, until the final one (:mod:`tfcluster.training.evaluator`)."""
+    """Evaluate the newest checkpoint when due, until the final one (:mod:`tfcluster.training.checkpoint_watch`)."""
     evaluations = _Evaluations(estimator, eval_spec)
     log.info("evaluator: first evaluation after %gs, then at most every %gs", eval_spec.start_delay_secs,
              eval_spec.throttle_secs)

@@ -33,7 +33,7 @@ from ..training.liveness import heartbeat
 from ..training.loop import run_loop
 from ..training.session import TrainingSession
 from ..training.timer import Every
-from .calls import call_input_fn, call_model_fn
+from .calls import call_input_fn, call_estimator_model_fn
 from .replicas import build_collective, build_replicas, collective_of, input_context, replicas_of, towers_for
 from .spec import ModeKeys
 from .warm_start import apply as apply_warm_start
@@ -222,7 +222,7 @@ def _build(estimator, input_fn, cluster, setter, collective=None):
         elif collective is not None:
             spec = build_collective(estimator.model_fn, features, labels, params, config, collective)
         else:
-            spec = call_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, params, config)
+            spec = call_estimator_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, params, config)
         if estimator.warm_start is not None:       # a checkpoint in model_dir still wins (restore)
             apply_warm_start(estimator.warm_start)
         fetch = global_step_after([spec.train_op], global_step)

@@ -9,5 +9,5 @@ heartbeat), :mod:`.input_position` (each trainer's input position, saved so a
 resumed run reads on), :mod:`.timer` (every N steps or seconds, for the hooks),
 :mod:`.train_metrics` (metrics over every replica, epochs) and
 :mod:`.evaluation` (evaluate, predict and fit's evaluator task), whose loop over
-the checkpoints, shared with the Estimator's evaluator, is :mod:`.evaluator`.
+the checkpoints, shared with the Estimator's evaluator, is :mod:`.checkpoint_watch`.
 """

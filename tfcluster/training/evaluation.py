@@ -16,7 +16,7 @@ from ..core.errors import ModelFnError, SpecError, TfclusterError
 from ..data.pipeline import without_autotune_thread
 from ..graph.model import InputContext, Mode, call_model_fn, make_dataset, per_example_losses, split_element
 from ..runtime.checkpoints import checkpoint_step, resolve_checkpoint, restore_error
-from .evaluator import EVALUATOR_TIMEOUT_SECS, watch_checkpoints
+from .checkpoint_watch import EVALUATOR_TIMEOUT_SECS, watch_checkpoints
 from .hooks import scalar_summary
 
 log = logging.getLogger("tfcluster")
@@ -134,7 +134,7 @@ def run_evaluator(model_fn, input_fn, checkpoint_dir, *, timeout_secs: float = E
     pitfalls item 12). It logs one metric line per checkpoint, writes eval
     summaries to ``checkpoint_dir/eval``, and returns the list of results.
     It gives up when ``timeout_secs`` pass without a new checkpoint
-    (:func:`tfcluster.training.evaluator.watch_checkpoints`).
+    (:func:`tfcluster.training.checkpoint_watch.watch_checkpoints`).
     """
     import tensorflow as tf
     if not checkpoint_dir:

@@ -38,7 +38,7 @@ from ..runtime.server import task_server, wait_for_cluster
 from ..runtime.shutdown import done_when_finished, serve_as_ps
 from ..topology.cluster import Cluster, Role
 from .evaluation import local_config, run_evaluator
-from .evaluator import EVALUATOR_TIMEOUT_SECS
+from .checkpoint_watch import EVALUATOR_TIMEOUT_SECS
 from .hooks import STILL_SECS, CheckpointHook, ProgressHook, SummaryHook, TimelineHook, trainers_done
 from .input_position import input_position
 from .liveness import CHIEF_TIMEOUT_SECS, heartbeat
