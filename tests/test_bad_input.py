@@ -152,14 +152,16 @@ CATALOGUE = [
      3, 60),
 ]
 ENVIRONMENTS = {
-    "a duration TF1 mode reads from the environment that is not a number": {"TFCLUSTER_TF1_READY_POLL_SECS": "soon"},
+    "a duration TF1 mode reads from the environment that is not a number":
+        {"TFCLUSTER_TF1_READY_POLL_SECS": "soon"},
     "TF_CONFIG naming a task index not in the cluster":
         {"TF_CONFIG": json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]},
                                   "task": {"type": "worker", "index": 3}})},
 }
 # Rows whose command loads TensorFlow: several seconds each on a loaded machine.
-SLOW = {"checkpoint dir that cannot be made", "a duration TF1 mode reads from the environment that is not a number", "unreachable ps host", "unresolvable ps host", "hash bucket count below 1",
-        "partitioner asking for more parts than rows", "id outside its identity column"}
+SLOW = {"checkpoint dir that cannot be made", "unreachable ps host", "unresolvable ps host", "hash bucket count below 1",
+        "partitioner asking for more parts than rows", "id outside its identity column",
+        "a duration TF1 mode reads from the environment that is not a number"}
 
 
 def run_tfcluster(argv, cwd, env, bound):

@@ -9,7 +9,8 @@ from ..launch.task import host_server, needs_tensorflow, run_task_command, slurm
 from ..runtime.preemption import STOP_GRACE_SECS
 from ..topology.cluster import Role
 from ..topology.taskenv import huge_pages_pending, set_huge_pages
-from .common import add_cluster_args, add_legacy_flags_arg, add_run_args, cluster_from_args, extra_environment, task_command
+from .common import (add_cluster_args, add_legacy_flags_arg, add_run_args, cluster_from_args, extra_environment,
+                     task_command)
 
 
 def add_parser(sub):

@@ -24,7 +24,7 @@ class Ending(enum.Enum):
 
 @dataclass(frozen=True)
 class TaskResult:
-    """One task at the end of a launch: its last return code (None: never started, or not yet reaped), restarts and log."""
+    """One task at the end of a launch: its last return code (None: not started or not reaped), restarts, log."""
 
     task: Task
     returncode: Optional[int]
