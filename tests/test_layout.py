@@ -275,6 +275,39 @@ def test_the_docs_map_draws_every_folder_in_layer_order_and_every_path_it_names_
     assert named and sorted(p for p in named if not os.path.exists(os.path.join(REPO, p))) == []
 
 
+#: The shape of a module-level bound on a wait, and the names of that shape that bound none of tfcluster's waits.
+WAIT_NAME = re.compile(r"^[A-Z][A-Z0-9_]*_(SECS|TIMEOUT|GRACE|LIMIT)$")
+NOT_WAITS = {"EXIT_TIMEOUT": "an exit code", "TF_DEFAULT_STOP_GRACE": "TensorFlow's own, which TF1 mode replaces",
+             "DEFAULT_SAVE_SECS": "the Estimator's save period", "PROGRESS_INTERVAL_SECS": "a report interval"}
+
+
+def _numeric_constants() -> dict:
+    """``{(path, NAME): value}`` for every module-level ``NAME = <number>`` (tuples too) in tfcluster."""
+    out = {}
+    for name, (path, source) in MODULES.items():
+        rel = os.path.relpath(path, REPO)
+        for node in ast.parse(source).body:
+            if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+                continue
+            target, value = node.targets[0], node.value
+            pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                     else [(target, value)])
+            for t, v in pairs:
+                if isinstance(t, ast.Name) and isinstance(v, ast.Constant) and type(v.value) in (int, float):
+                    out[(rel, t.id)] = float(v.value)
+    return out
+
+
+def test_the_docs_map_lists_every_wait_once_with_the_value_its_module_gives_it():
+    text = open(os.path.join(REPO, "docs", "map.md"), encoding="utf-8").read()
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| ([\d.]+) \| `(tfcluster/[\w/]+\.py)` \|", text, re.M)
+    listed = {(path, name): float(value) for name, value, path in rows}
+    assert len(listed) == len(rows)
+    waits = {key: value for key, value in _numeric_constants().items()
+             if WAIT_NAME.match(key[1]) and key[1] not in NOT_WAITS}
+    assert listed == waits
+
+
 def _code_strings(tree):
     """Every string constant of a module's code, its docstrings left out."""
     docs = set()

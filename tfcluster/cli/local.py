@@ -8,6 +8,7 @@ from ..core.errors import TfclusterError
 from ..core.logs import use_prefixed_logging
 from ..core.tfguard import check_tensorflow, require_tensorflow
 from ..runtime.preemption import STOP_GRACE_SECS
+from ..launch.config import EVALUATOR_GRACE_SECS
 from ..topology.cluster import Cluster, LegacyFlags
 from .common import add_legacy_flags_arg, add_run_args, extra_environment, task_command, task_count
 
@@ -105,8 +106,9 @@ def add_parser(sub):
     lo.add_argument("--max-restarts", type=int, default=0, metavar="K",
                     help="restart a trainer or ps that crashes (non-zero exit or signal) up to K times, "
                          "with the same TF_CONFIG and port (default 0)")
-    lo.add_argument("--evaluator-grace", type=float, default=60.0, metavar="S",
-                    help="seconds the evaluator may run on after the trainers are done (default 60)")
+    lo.add_argument("--evaluator-grace", type=float, default=EVALUATOR_GRACE_SECS, metavar="S",
+                    help="seconds the evaluator may run on after the trainers are done "
+                         f"(default {EVALUATOR_GRACE_SECS:g})")
     lo.add_argument("--host", default="localhost", metavar="H", help="address of every task (default localhost)")
     lo.add_argument("--cluster", metavar="FILE",
                     help="use this cluster (JSON, as for 'start') instead of free ports: for scripts with "

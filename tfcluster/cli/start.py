@@ -7,6 +7,7 @@ from ..core.errors import TfclusterError
 from ..core.tfguard import check_tensorflow
 from ..launch.task import host_server, needs_tensorflow, run_task_command, slurm_resources, warn_if_exposed
 from ..runtime.preemption import STOP_GRACE_SECS
+from ..runtime.server import CLUSTER_WAIT_SECS
 from ..topology.cluster import Role
 from ..topology.taskenv import huge_pages_pending, set_huge_pages
 from .common import (add_cluster_args, add_legacy_flags_arg, add_run_args, cluster_from_args, extra_environment,
@@ -23,8 +24,9 @@ def add_parser(sub):
     add_cluster_args(s)
     add_legacy_flags_arg(s, "also pass --job_name/--task_index (and --ps_hosts/--worker_hosts with 'all', the "
                             "default STYLE) to COMMAND")
-    s.add_argument("--timeout", type=float, default=120.0, metavar="S",
-                   help="with no COMMAND: seconds a worker or chief waits for its ps tasks (default 120)")
+    s.add_argument("--timeout", type=float, default=CLUSTER_WAIT_SECS, metavar="S",
+                   help="with no COMMAND: seconds a worker or chief waits for its ps tasks "
+                        f"(default {CLUSTER_WAIT_SECS:g})")
     s.add_argument("--no-exit-when-done", action="store_true",
                    help="a ps keeps serving after every trainer is done, until Ctrl-C")
     s.add_argument("--stop-grace", type=float, default=STOP_GRACE_SECS, metavar="S",

@@ -20,6 +20,10 @@ from ..topology.cluster import Cluster, LegacyFlags, is_loopback, parse_address
 from ..topology.taskenv import new_run_id, run_id
 from .memory import parse_size
 
+#: Seconds the evaluator may run on after the trainers are done (``--evaluator-grace``).
+EVALUATOR_GRACE_SECS = 60.0
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """A local cluster to run: its tasks, the command they run, and how they are supervised.
@@ -65,7 +69,7 @@ class LaunchConfig:
     log_dir: Optional[str] = None
     timeout: Optional[float] = None
     max_restarts: int = 0
-    evaluator_grace: float = 60.0
+    evaluator_grace: float = EVALUATOR_GRACE_SECS
     verbose: bool = False
     host: str = "localhost"
     cluster: Optional[Cluster] = None

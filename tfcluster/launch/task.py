@@ -22,6 +22,7 @@ from ..core import environment, posix
 from ..core.errors import ClusterUnreachableError, TfclusterError
 from ..core.exits import exit_status
 from ..runtime.preemption import STOP_GRACE_SECS
+from ..runtime.server import CLUSTER_WAIT_SECS
 from ..topology.cluster import Cluster, Role, is_loopback, parse_address
 from ..topology.taskenv import prepare_this_process, task_environment
 
@@ -91,7 +92,7 @@ def _take_stop_signals(stop: threading.Event, on_stop=None, hold=None):
     posix.take_signals(handler)
 
 
-def host_server(cluster: Cluster, *, timeout: float = 120.0, exit_when_done: bool = True,
+def host_server(cluster: Cluster, *, timeout: float = CLUSTER_WAIT_SECS, exit_when_done: bool = True,
                 stop_grace: float = STOP_GRACE_SECS, verbose: bool = False):
     """Host this task's server until a stop signal, or (a ps, ``exit_when_done``) every trainer is done.
 

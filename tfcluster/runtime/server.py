@@ -27,6 +27,8 @@ _PROXY_VARS = ("grpc_proxy", "https_proxy", "http_proxy", "GRPC_PROXY", "HTTPS_P
 #: Seconds between a waiting worker's "is the model ready?" polls (SessionManager's default is 30;
 #: pitfalls item 4): its first step follows the chief's within about a second. TF1 mode's too.
 READY_POLL_SECS = 0.2
+#: Seconds a task's server waits at most for the ps tasks it needs (``tfcluster start --timeout``).
+CLUSTER_WAIT_SECS = 120.0
 
 
 class TaskState(str, enum.Enum):
@@ -101,7 +103,7 @@ def task_server(cluster: Cluster, config=None):
     return _HOSTED[key]
 
 
-def server_from_tf_config(timeout: float = 120.0, environ=None):
+def server_from_tf_config(timeout: float = CLUSTER_WAIT_SECS, environ=None):
     """The one call a TF1 script needs: read TF_CONFIG, start its server, wait for the ps.
 
     Returns ``(cluster, server)``; ``server`` is None for the evaluator.
@@ -165,7 +167,7 @@ def _describe_missing(cluster, states) -> str:
     return ", ".join(parts)
 
 
-def wait_for_cluster(cluster: Cluster, task: Optional[Task] = None, timeout: float = 120.0,
+def wait_for_cluster(cluster: Cluster, task: Optional[Task] = None, timeout: float = CLUSTER_WAIT_SECS,
                      tasks=None, log_every: float = 5.0, stop: Optional[threading.Event] = None):
     """Wait until the tasks ``task`` needs (its ps tasks) answer, or fail naming the missing ones."""
     needed = list(tasks if tasks is not None else cluster.needed_tasks(task))
