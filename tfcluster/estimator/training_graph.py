@@ -253,7 +253,8 @@ def _session(estimator, train_graph, spec, init_local, server, cluster, name, ho
     # With all-reduce every worker initialises its own copy (then takes worker 0's); only the chief saves.
     session = TrainingSession(
         train_graph, target=server.target if server is not None else "", config=session_config,
-        is_chief=chief or collective is not None, saver=saver, checkpoint_dir=estimator.model_dir if chief else None,
+        is_chief=collective.should_init if collective is not None else chief, saver=saver,
+        checkpoint_dir=estimator.model_dir if chief else None,
         extra_local_init=local_init, cluster=cluster, name=name, startup_timeout=config.session_creation_timeout_secs,
         init_fn=scaffold.init_fn, init_feed_dict=scaffold.init_feed_dict)
     # First: the chief's final save waits for the other trainers' last steps.

@@ -32,7 +32,7 @@ from ..core.logs import quiet_keras_thread_notice
 from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..runtime.server import task_server
 from ..runtime.shutdown import done_when_finished, serve_as_ps
-from ..strategies import STRATEGY_ENV
+from .. import strategies
 from ..topology.cluster import Cluster, Role
 from ..topology.taskenv import new_run_id, run_id
 from ..training.hooks import CheckpointHook, trainers_done
@@ -86,12 +86,12 @@ def fit(model, x=None, y=None, *, cluster=None, checkpoint_dir=None, sync=None, 
     quiet_keras_thread_notice()
     options = {k: kwargs.pop(k) for k in [f.name for f in dataclasses.fields(FitConfig)] if k in kwargs}
     config = (config or FitConfig()).replace(**options)
-    if sync is None:
-        sync = os.environ.get(STRATEGY_ENV) in ("sync", "ps-sync")
     model = model() if callable(model) and not hasattr(model, "fit") else model
     cluster = cluster if cluster is not None else Cluster.from_environment()
     if cluster is None:
         return _plain_fit(model, x, y, **kwargs)
+    if sync is None:        # TFCLUSTER_STRATEGY (tfcluster local --strategy), as fit reads it
+        sync = strategies.canonical(strategies.default_name(cluster)) == "sync"
     role = cluster.role()
     if role is Role.PS:
         serve_as_ps(cluster)
@@ -194,7 +194,8 @@ class ClusterFit:
         # With all-reduce every worker initialises its own copy (then takes worker 0's); only the chief saves.
         session = TrainingSession(
             built.train_graph, target=task_server(self.cluster, config=config).target, config=config,
-            is_chief=self.is_chief or self.collective is not None, saver=saver, checkpoint_dir=self.dir if self.is_chief else None,
+            is_chief=self.collective.should_init if self.collective is not None else self.is_chief, saver=saver,
+            checkpoint_dir=self.dir if self.is_chief else None,
             cluster=self.cluster, name=self.name, startup_timeout=c.startup_timeout, max_recoveries=c.max_recoveries,
             step_timeout_secs=c.step_timeout_secs)
         hooks = trainers_done(built.train_graph, self.cluster, self.is_chief, self.name, every_trainer_waits=True,

@@ -34,7 +34,7 @@ from .towers import Towers
 
 __all__ = ["Strategy", "LocalStrategy", "ParameterServerStrategy", "MirroredStrategy", "CentralStorageStrategy",
            "CollectiveAllReduceStrategy", "Towers", "TrainGraph", "StepRunner", "StepResult", "Hook",
-           "SyncStallError", "CollectiveError", "get", "register", "names", "default_name", "STRATEGY_ENV",
+           "SyncStallError", "CollectiveError", "get", "register", "names", "canonical", "default_name", "STRATEGY_ENV",
            # the model contract (tfcluster.graph.model), here too for model functions written against it
            "Mode", "ModelOutput", "ModelFnError", "InputContext", "ReplicaContext", "replica_loss"]
 
@@ -58,6 +58,11 @@ register("sync", functools.partial(ParameterServerStrategy, "sync"), aliases=["p
 register("mirrored", MirroredStrategy)
 register("central", CentralStorageStrategy, aliases=["central-storage"])
 register("collective", CollectiveAllReduceStrategy, aliases=["multi-worker-mirrored"])
+
+
+def canonical(name: str) -> str:
+    """The registered name ``name`` stands for (``sync`` for ``ps-sync``); any other name as it is."""
+    return _ALIASES.get(name, name)
 
 
 def names() -> list:
