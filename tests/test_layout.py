@@ -284,7 +284,7 @@ NOT_WAITS = {"EXIT_TIMEOUT": "an exit code", "TF_DEFAULT_STOP_GRACE": "TensorFlo
 def _numeric_constants() -> dict:
     """``{(path, NAME): value}`` for every module-level ``NAME = <number>`` (tuples too) in tfcluster."""
     out = {}
-    for name, (path, source) in MODULES.items():
+    for path, source in MODULES.values():
         rel = os.path.relpath(path, REPO)
         for node in ast.parse(source).body:
             if not isinstance(node, ast.Assign) or len(node.targets) != 1:

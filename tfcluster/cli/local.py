@@ -7,8 +7,8 @@ from ..core import environment
 from ..core.errors import TfclusterError
 from ..core.logs import use_prefixed_logging
 from ..core.tfguard import check_tensorflow, require_tensorflow
-from ..runtime.preemption import STOP_GRACE_SECS
 from ..launch.config import EVALUATOR_GRACE_SECS
+from ..runtime.preemption import STOP_GRACE_SECS
 from ..topology.cluster import Cluster, LegacyFlags
 from .common import add_legacy_flags_arg, add_run_args, extra_environment, task_command, task_count
 

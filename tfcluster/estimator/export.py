@@ -99,8 +99,8 @@ def export_saved_model(estimator, export_dir_base, serving_input_receiver_fn, as
     with graph.as_default():
         tf1.train.get_or_create_global_step()
         receiver = serving_input_receiver_fn()
-        spec = call_estimator_model_fn(estimator.model_fn, receiver.features, None, ModeKeys.PREDICT, estimator.params,
-                             estimator.config)
+        spec = call_estimator_model_fn(estimator.model_fn, receiver.features, None, ModeKeys.PREDICT,
+                                       estimator.params, estimator.config)
         with deprecation.silence():      # TF's signature helpers use its own deprecated functions
             signatures = _signatures(spec, receiver)
         saver = spec.scaffold.saver or tf1.train.Saver()

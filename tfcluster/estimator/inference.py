@@ -111,7 +111,7 @@ def evaluate(estimator, input_fn, steps=None, hooks=None, checkpoint_path=None, 
         global_step = tf1.train.get_or_create_global_step()
         features, labels, init, _ = call_input_fn(input_fn, ModeKeys.EVAL, estimator.params, estimator.config)
         spec = call_estimator_model_fn(estimator.model_fn, features, labels, ModeKeys.EVAL, estimator.params,
-                             estimator.config)
+                                       estimator.config)
         metrics = dict(spec.eval_metric_ops)
         metrics.setdefault("loss", tf1.metrics.mean(spec.loss))
         update = tf.group(*[op for _, op in metrics.values()])
@@ -159,7 +159,7 @@ def predict(estimator, input_fn, predict_keys=None, hooks=None, checkpoint_path=
         tf1.train.get_or_create_global_step()
         features, _, init, _ = call_input_fn(input_fn, ModeKeys.PREDICT, estimator.params, estimator.config)
         spec = call_estimator_model_fn(estimator.model_fn, features, None, ModeKeys.PREDICT, estimator.params,
-                             estimator.config)
+                                       estimator.config)
         predictions = _select(spec.predictions, predict_keys)
         all_hooks = list(spec.prediction_hooks) + list(hooks or ())
         for h in all_hooks:

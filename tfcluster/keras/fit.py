@@ -26,13 +26,13 @@ import os
 
 import tensorflow as tf
 
+from .. import strategies
 from ..core import patches
 from ..core.errors import SpecError
 from ..core.logs import quiet_keras_thread_notice
 from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..runtime.server import task_server
 from ..runtime.shutdown import done_when_finished, serve_as_ps
-from .. import strategies
 from ..topology.cluster import Cluster, Role
 from ..topology.taskenv import new_run_id, run_id
 from ..training.hooks import CheckpointHook, trainers_done
