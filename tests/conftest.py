@@ -1,5 +1,6 @@
 """Shared fixtures: real processes, reserved ports, and a guarantee of no orphans."""
 
+import collections
 import logging
 import os
 import re
@@ -185,11 +186,26 @@ def reliability(request):
     return lambda figure, value, unit="": record_figure(request.node.name, figure, value, unit)
 
 
+#: Seconds of setup, call and teardown per test file, for the table of where the run's time goes.
+FILE_SECONDS = collections.Counter()
+
+
+def pytest_runtest_logreport(report):
+    """Add each phase's duration to its test file's total."""
+    FILE_SECONDS[report.nodeid.split("::", 1)[0]] += report.duration
+
+
 def pytest_terminal_summary(terminalreporter):
-    """The reliability table: every fault test's figures, after the test run (so CI's log has them)."""
+    """The seconds each test file took (CI's time budget is spent where this says), then the reliability
+    table: every fault test's figures, after the test run (so CI's log has them)."""
+    tr = terminalreporter
+    if FILE_SECONDS:
+        total = sum(FILE_SECONDS.values())
+        tr.write_sep("=", f"seconds per test file ({total:.0f} s in all)")
+        for path, secs in FILE_SECONDS.most_common():
+            tr.write_line(f"{secs:8.1f} s {100 * secs / total:5.1f} %  {path}")
     if not FIGURES:
         return
-    tr = terminalreporter
     tr.write_sep("=", "reliability figures (fault tests)")
     width = max(len(f) for _, f, *_ in FIGURES)
     shown_test = None
