@@ -1,12 +1,17 @@
 """Shared fixtures: real processes, reserved ports, and a guarantee of no orphans."""
 
 import collections
+import fcntl
 import logging
+import numbers
 import os
+import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -170,20 +175,95 @@ def no_process_left(pids, timeout=5.0):
     return gone()
 
 
+# ------------------------------------------------------------------ tests side by side
+# pytest.ini runs the suite in two xdist workers, a test file to a worker (its module fixtures start once).
+# A test marked ``serial`` runs with no other test beside it: it measures seconds (a fault's detection, a
+# bound a user is promised) or owns what the machine has one of (network namespaces, Slurm, cgroups). The
+# workers share a readers-writer lock: every test holds it shared, a serial test alone; a turnstile lets a
+# waiting serial test in before the next shared holder, so it never starves.
+#: How long a test waits for the lock: longer than any one test may run (pytest.ini's timeouts).
+LOCK_WAIT_SECS = 900
+
+
+def pytest_configure(config):
+    """The controller of a parallel run makes the folder its workers' lock files live in."""
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None) \
+            and not hasattr(config, "workerinput"):
+        config.lock_dir = tempfile.mkdtemp(prefix="tfcluster-tests-")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Each xdist worker is told where the run's lock files are."""
+    node.workerinput["lock_dir"] = node.config.lock_dir
+
+
+def pytest_unconfigure(config):
+    """The controller removes the lock files when the run ends."""
+    if getattr(config, "lock_dir", None):
+        shutil.rmtree(config.lock_dir, ignore_errors=True)
+
+
+def _flock(path, mode, what):
+    """Open ``path`` and take ``fcntl.flock(mode)`` on it within LOCK_WAIT_SECS; the open file holds it."""
+    f = open(path, "a")
+    deadline = time.monotonic() + LOCK_WAIT_SECS
+    while True:
+        try:
+            fcntl.flock(f, mode | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                f.close()
+                pytest.fail(f"waited {LOCK_WAIT_SECS} s for {what}", pytrace=False)
+            time.sleep(0.05)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)    # outermost: the wait is not part of the test's timeout
+def pytest_runtest_protocol(item, nextitem):
+    """Run the test holding the run's lock: shared, or alone when it is marked serial."""
+    if "lock_dir" not in getattr(item.config, "workerinput", {}):
+        return (yield)
+    root = pathlib.Path(item.config.workerinput["lock_dir"])
+    serial = item.get_closest_marker("serial") is not None
+    turnstile = _flock(root / "serial.turnstile", fcntl.LOCK_EX, "the other worker's serial test")
+    try:
+        held = _flock(root / "serial.lock", fcntl.LOCK_EX if serial else fcntl.LOCK_SH,
+                      "the other worker's test to end" if serial else "the other worker's serial test")
+    finally:
+        turnstile.close()
+    try:
+        return (yield)
+    finally:
+        held.close()
+
+
+def pytest_collection_modifyitems(items):
+    """Tests in network namespaces share the machine's routes and Slurm's daemons: one at a time."""
+    for item in items:
+        if item.get_closest_marker("netns"):
+            item.add_marker(pytest.mark.serial)
+
+
 # ------------------------------------------------------------------ reliability figures
-#: (test, figure, value, unit) recorded by the fault tests, printed in one table at the end of the run.
+#: (test, figure, value, unit) of the fault tests, printed in one table at the end of the run. Figures travel
+#: in each report's user_properties, so under xdist the controller, which prints the table, has them too.
 FIGURES = []
 
 
-def record_figure(test: str, figure: str, value, unit: str = ""):
-    """Note a fault test's figure (steps lost, seconds to detect, ...) for the reliability table."""
-    FIGURES.append((test, figure, value, unit))
+def _plain(value):
+    """A figure as a built-in type: xdist's channel carries no numpy scalars."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    return float(value) if isinstance(value, numbers.Real) else str(value)
 
 
 @pytest.fixture
 def reliability(request):
     """``reliability(figure, value, unit)``: this test's figure, for the table CI's log shows."""
-    return lambda figure, value, unit="": record_figure(request.node.name, figure, value, unit)
+    def record(figure, value, unit=""):
+        request.node.user_properties.append(("figure", (figure, _plain(value), unit)))
+    return record
 
 
 #: Seconds of setup, call and teardown per test file, for the table of where the run's time goes.
@@ -191,8 +271,11 @@ FILE_SECONDS = collections.Counter()
 
 
 def pytest_runtest_logreport(report):
-    """Add each phase's duration to its test file's total."""
+    """Add each phase's duration to its test file's total; take a finished test's figures."""
     FILE_SECONDS[report.nodeid.split("::", 1)[0]] += report.duration
+    if report.when == "teardown":       # every phase's report carries them all: take them once
+        test = report.nodeid.rsplit("::", 1)[-1]
+        FIGURES.extend((test, *figure) for key, figure in report.user_properties if key == "figure")
 
 
 def pytest_terminal_summary(terminalreporter):

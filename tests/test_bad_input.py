@@ -33,6 +33,8 @@ from tfcluster.core.checks import seconds_from
 from tfcluster.core.errors import SpecError
 from tfcluster.topology.ports import pick_free_ports
 
+pytestmark = pytest.mark.serial     # each row's end inside its bound is measured in seconds
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIT_JOB = os.path.join(HERE, "jobs", "fit_job.py")
 PY = sys.executable

@@ -20,7 +20,7 @@ PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "
 STEP = r"\[(worker:\d)\] .*loss = [-\d.e+]+, step = (\d+)"      # the Estimator's step log: the global step
 SAVED = r"\[worker:0\] .*saved checkpoint model\.ckpt-(\d+)"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]     # serial: a fault's detection is measured in seconds
 
 
 def launch(procs, tmp, max_steps, logs):

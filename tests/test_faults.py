@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FIT_JOB = [sys.executable, os.path.join(HERE, "jobs", "fit_job.py")]
 STEP = r"\[(worker:\d)\] .*step \d+ \(global (\d+)\)"     # a launcher line of fit's per-step log
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]     # serial: a fault's detection is measured in seconds
 
 
 def global_steps(stream, after=0.0, before=float("inf"), pattern=STEP):

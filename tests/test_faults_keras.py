@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KERAS_JOB = [sys.executable, os.path.join(HERE, "jobs", "keras_job.py")]
 BATCH = r"\[(worker:\d)\] worker:\d batch \d+ \(updates (\d+)\)"     # a launcher line of the job's batch log
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]     # serial: a fault's detection is measured in seconds
 
 
 def updates(stream, task=None, after=0.0, before=float("inf"), pattern=BATCH):

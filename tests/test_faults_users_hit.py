@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FIT_JOB = [sys.executable, os.path.join(HERE, "jobs", "fit_job.py")]
 STEP = r"\[(worker:\d)\] .*step \d+ \(global (\d+)"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]     # serial: a fault's detection is measured in seconds
 
 
 def steps_of(stream, task, after=0.0, before=float("inf")):

@@ -25,7 +25,7 @@ FIT_JOB = [sys.executable, os.path.join(HERE, "jobs", "fit_job.py")]
 STEP = r"\[?(worker:\d|local)\]? .*step \d+ \(global (\d+)"
 STOPPED = r"(\S+) stopped on SIGTERM after global step (\d+): saved model\.ckpt-(\d+) ([\d.]+)s after the signal"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]     # serial: seconds from SIGTERM to the saved checkpoint are measured
 
 
 def rng():

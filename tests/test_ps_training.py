@@ -265,6 +265,7 @@ def test_variables_split_over_two_ps_train_like_one_process_and_restore_whole(tm
 
 
 # =================================================================== stalls
+@pytest.mark.serial     # the stall's seconds are read from its message
 @pytest.mark.timeout(300)
 def test_backups_never_wait_and_a_missing_worker_without_backup_stalls_then_gives_up(tmp_path, procs):
     run = Run(tmp_path, procs, mode="sync", steps=20, stall_warn_secs=1.0)

@@ -27,7 +27,7 @@ from netns import unavailable_reason as netns_unavailable
 from slurmhost import Node, Slurm
 from tfcluster.topology.slurm import expand_hostlist
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.serial]     # serial: one Slurm per machine, and its jobs' seconds are measured
 
 FIT_JOB = [sys.executable, os.path.join(REPO, "tests", "jobs", "fit_job.py")]
 SBATCH_SCRIPT = os.path.join(REPO, "examples", "slurm", "train.sbatch")
