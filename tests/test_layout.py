@@ -44,7 +44,7 @@ LAYERS = [
     [("training", [["training.timer", "training.checkpoint_watch"],
                    ["training.hooks", "training.liveness", "training.input_position"], ["training.chief"],
                    ["training.session"],
-                   ["training.loop"], ["training.evaluation", "training.train_metrics"], ["training.train"],
+                   ["training.loop", "training.assembly"], ["training.evaluation", "training.train_metrics"], ["training.train"],
                    ["training"]])],
     [("estimator", [["estimator.spec", "estimator.run_config", "estimator.inputs", "estimator.warm_start"],
                     ["estimator.calls"], ["estimator.replicas", "estimator.inference"],

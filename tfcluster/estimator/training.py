@@ -17,9 +17,10 @@ import time
 
 import tensorflow as tf
 
-from ..core.errors import SpecError, TfclusterError
-from ..runtime.shutdown import done_when_finished, serve_as_ps
+from ..core.errors import SpecError
+from ..runtime.shutdown import done_when_finished
 from ..topology.cluster import Role
+from ..training.assembly import part_of
 from ..training.checkpoint_watch import watch_checkpoints
 
 tf1 = tf.compat.v1
@@ -66,15 +67,11 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     cluster = config.cluster
     if cluster is None:
         return _run_local(estimator, train_spec, eval_spec)
-    role = cluster.role()
+    role = part_of(cluster, "train_and_evaluate")
     if role is Role.PS:
-        serve_as_ps(cluster)
         return None, None
     if role is Role.EVALUATOR:
         return _run_evaluator(estimator, train_spec, eval_spec)
-    if role is None or not role.trains:
-        raise TfclusterError(f"train_and_evaluate has no role for {cluster.task}: give the task type chief "
-                             "(or master), worker, ps or evaluator")
     with done_when_finished(cluster):
         estimator.train(train_spec.input_fn, hooks=train_spec.hooks, max_steps=train_spec.max_steps,
                         saving_listeners=train_spec.saving_listeners)

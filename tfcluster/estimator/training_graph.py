@@ -11,9 +11,9 @@ aborts are rerun. The chief checkpoints and writes summaries in ``model_dir``.
 """
 
 import contextlib
+import functools
 import logging
 import math
-import os
 import time
 
 import tensorflow as tf
@@ -24,14 +24,12 @@ from ..core.tferrors import cause, hint
 from ..graph.placement import ByteBalancedSetter, placement_report, record_ps_state, spread_over_ps
 from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
 from ..runtime.checkpoints import checkpoint_step
-from ..runtime.server import task_server, wait_for_cluster
 from ..strategies.sync_replicas import FINISH_COLLECTION
 from ..strategies.sync_run import FinishingRunner
-from ..training.hooks import CheckpointHook, STILL_SECS, SummaryHook, trainers_done
+from ..training.assembly import RunAssembly
+from ..training.hooks import CheckpointHook, SummaryHook
 from ..training.input_position import input_position
-from ..training.liveness import heartbeat
 from ..training.loop import run_loop
-from ..training.session import TrainingSession
 from ..training.timer import Every
 from .calls import call_input_fn, call_estimator_model_fn
 from .replicas import build_collective, build_replicas, collective_of, input_context, replicas_of, towers_for
@@ -149,8 +147,11 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
         raise TfclusterError(f"Estimator.train runs on the chief and the workers, not on {cluster.task}; "
                              "use tf.estimator.train_and_evaluate, which gives every task its role")
     rerun_in_every_session()     # queue runners and the SyncReplicasOptimizer hook run steps of their own
-    server = None
     collective = collective_of(config)
+    # With all-reduce every worker initialises its own copy (then takes worker 0's); only the chief saves.
+    run = RunAssembly(cluster, name=None if cluster is not None else "estimator", checkpoint_dir=estimator.model_dir,
+                      should_init=collective.should_init if collective is not None else None,
+                      startup_timeout=config.session_creation_timeout_secs)
     if cluster is not None:
         # The collective group's leader must be in the server's own config (strategies/collective.py).
         server_config = None
@@ -158,19 +159,15 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
             server_config = collective.configure(cluster.session_config())
         if replicas_of(config) > 1:       # each worker's replicas on its (virtual) devices
             server_config = towers_for(config).configure(server_config or cluster.session_config())
-        server = task_server(cluster, config=server_config)
-        wait_for_cluster(cluster, timeout=config.session_creation_timeout_secs)
-    name = str(cluster.task) if cluster is not None else "estimator"
-    model_dir = estimator.model_dir
-    if config.is_chief:
-        os.makedirs(model_dir, exist_ok=True)
+        run.serve(server_config)
+    run.prepare()
     graph = tf1.Graph()
     with graph.as_default():
         setter = device_fn(config, cluster, collective)      # one, for the model and the hooks: it counts bytes
         train_graph, spec, init_local, iterator = _build(estimator, input_fn, cluster, setter, collective)
-        session, all_hooks = _session(estimator, train_graph, spec, init_local, server, cluster, name,
-                                      list(hooks or ()), saving_listeners, collective)
-        all_hooks += input_position(iterator, model_dir, train_graph.global_step, name,
+        session, all_hooks = _session(estimator, run, train_graph, spec, init_local, list(hooks or ()),
+                                      saving_listeners, collective)
+        all_hooks += input_position(iterator, run.checkpoint_dir, train_graph.global_step, run.name,
                                     save_steps=config.save_checkpoints_steps, save_secs=config.save_checkpoints_secs,
                                     keep=(config.keep_checkpoint_max or 3) + 2)
         session.finalize(all_hooks, device=setter)
@@ -180,7 +177,7 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
     with graph.as_default():
         try:
             session.create()
-            return run_loop(session, last_step=max_steps, steps=steps, name=name)
+            return run_loop(session, last_step=max_steps, steps=steps, name=run.name)
         except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
             # TF's checks on the data (a label outside n_classes or the vocabulary, a string weight column) fail
             # inside a step: the op and its message say what to fix; the loop's traceback does not.
@@ -235,46 +232,33 @@ def _build(estimator, input_fn, cluster, setter, collective=None):
     return TrainGraph(runner, global_step, spec.loss, hooks=hooks), spec, init_local, iterator
 
 
-def _session(estimator, train_graph, spec, init_local, server, cluster, name, hooks, saving_listeners,
-             collective=None):
+def _session(estimator, run, train_graph, spec, init_local, hooks, saving_listeners, collective=None):
     """The TrainingSession and every hook of the run, the chief's saving ones included."""
     config = estimator.config
-    chief = config.is_chief
     scaffold = spec.scaffold
-    saver = None
-    if chief:
+    saver = summary = None
+    if run.is_chief:
         saver = scaffold.saver or tf1.train.Saver(max_to_keep=config.keep_checkpoint_max,
                                                   keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
                                                   save_relative_paths=True)
-    local_init = list(init_local) + ([scaffold.local_init_op] if scaffold.local_init_op is not None else [])
-    session_config = _session_config(config, cluster)
-    if collective is not None:
-        collective.configure(session_config)
-    # With all-reduce every worker initialises its own copy (then takes worker 0's); only the chief saves.
-    session = TrainingSession(
-        train_graph, target=server.target if server is not None else "", config=session_config,
-        is_chief=collective.should_init if collective is not None else chief, saver=saver,
-        checkpoint_dir=estimator.model_dir if chief else None,
-        extra_local_init=local_init, cluster=cluster, name=name, startup_timeout=config.session_creation_timeout_secs,
-        init_fn=scaffold.init_fn, init_feed_dict=scaffold.init_feed_dict)
-    # First: the chief's final save waits for the other trainers' last steps.
-    all_hooks = trainers_done(train_graph, cluster, chief, name, still_secs=STILL_SECS) + [GlobalStepGuard()]
-    if chief:
         writer = tf1.summary.FileWriterCache.get(estimator.model_dir)
         tf1.summary.scalar("loss", spec.loss)
         summary_op = scaffold.summary_op if scaffold.summary_op is not None else tf1.summary.merge_all()
         if config.save_summary_steps and summary_op is not None:
-            all_hooks.append(SummaryHook(writer, summary_op, config.save_summary_steps))
-        all_hooks.append(ListeningCheckpointHook(
-            session.call, saver, estimator.model_dir, train_graph.global_step, name=name,
-            save_steps=config.save_checkpoints_steps, save_secs=config.save_checkpoints_secs,
-            listeners=saving_listeners or ()))
-        all_hooks += list(spec.training_chief_hooks)
-    beat = heartbeat(train_graph, cluster, name, checkpoint_dir=estimator.model_dir)
-    if beat is not None:
-        all_hooks.append(beat)
+            summary = SummaryHook(writer, summary_op, config.save_summary_steps)
+    local_init = list(init_local) + ([scaffold.local_init_op] if scaffold.local_init_op is not None else [])
+    session_config = _session_config(config, run.cluster)
+    if collective is not None:
+        collective.configure(session_config)
+    session = run.session(train_graph, config=session_config, saver=saver, extra_local_init=local_init,
+                          init_fn=scaffold.init_fn, init_feed_dict=scaffold.init_feed_dict)
+    listening = functools.partial(ListeningCheckpointHook, listeners=saving_listeners or ())
     # The step log last: its closing line comes after the final checkpoint.
-    return session, all_hooks + list(spec.training_hooks) + hooks + [StepLogHook(name, config.log_step_count_steps)]
+    return session, run.hooks(train_graph, session, saver=saver, save_steps=config.save_checkpoints_steps,
+                              save_secs=config.save_checkpoints_secs, checkpoint_hook=listening,
+                              own=[GlobalStepGuard()], summary=summary, chief=spec.training_chief_hooks,
+                              after=list(spec.training_hooks) + hooks + [StepLogHook(run.name,
+                                                                                     config.log_step_count_steps)])
 
 
 def steps_left(estimator, max_steps) -> float:

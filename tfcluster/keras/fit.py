@@ -30,15 +30,11 @@ from .. import strategies
 from ..core import patches
 from ..core.errors import SpecError
 from ..core.logs import quiet_keras_thread_notice
-from ..runtime.checkpoints import prepare_checkpoint_dir
-from ..runtime.server import task_server
-from ..runtime.shutdown import done_when_finished, serve_as_ps
+from ..runtime.shutdown import done_when_finished
 from ..topology.cluster import Cluster, Role
 from ..topology.taskenv import new_run_id, run_id
-from ..training.hooks import CheckpointHook, trainers_done
-from ..training.liveness import heartbeat
+from ..training.assembly import RunAssembly, part_of
 from ..training.loop import TrainingLoop
-from ..training.session import TrainingSession
 from ..training.train import FitConfig
 from .checkpoints import KerasSaver
 from .collective import even, strategy_for, worker_batch
@@ -92,12 +88,12 @@ def fit(model, x=None, y=None, *, cluster=None, checkpoint_dir=None, sync=None, 
         return _plain_fit(model, x, y, **kwargs)
     if sync is None:        # TFCLUSTER_STRATEGY (tfcluster local --strategy), as fit reads it
         sync = strategies.canonical(strategies.default_name(cluster)) == "sync"
-    role = cluster.role()
+    role = part_of(cluster, "tfcluster.keras.fit")
     if role is Role.PS:
-        serve_as_ps(cluster)
         return None
-    if role is None or not role.trains:
-        raise SpecError(f"tfcluster.keras.fit trains on the chief and the workers, not on {cluster.task}")
+    if role is Role.EVALUATOR:
+        raise SpecError(f"tfcluster.keras.fit trains on the chief and the workers, not on {cluster.task}: "
+                        "evaluate the chief's checkpoints with model.evaluate in a program of its own")
     collective = strategy_for(model, cluster)
     if collective is not None:
         with done_when_finished(cluster, last=False):
@@ -183,31 +179,24 @@ class ClusterFit:
     def _session(self, built):
         """The training session of the clone's graph, with its hooks, finalized (but open: tf-keras adds ops)."""
         c = self.config
+        # With all-reduce every worker initialises its own copy (then takes worker 0's); only the chief saves.
+        run = RunAssembly(self.cluster, checkpoint_dir=self.dir, **c.bounds(),
+                          should_init=self.collective.should_init if self.collective is not None else None)
+        run.prepare()
         saver = None
-        if self.is_chief:
-            prepare_checkpoint_dir(self.dir)
+        if run.saves:
             log.info("%s saves checkpoints in %s", self.name, self.dir)
             saver = KerasSaver(built.clone, self.dir, c.keep_checkpoints)
         config = self.cluster.session_config()
         if self.collective is not None:     # the group's leader, in the server's config too (strategies/collective)
             config = self.collective.configure(config)
-        # With all-reduce every worker initialises its own copy (then takes worker 0's); only the chief saves.
-        session = TrainingSession(
-            built.train_graph, target=task_server(self.cluster, config=config).target, config=config,
-            is_chief=self.collective.should_init if self.collective is not None else self.is_chief, saver=saver,
-            checkpoint_dir=self.dir if self.is_chief else None,
-            cluster=self.cluster, name=self.name, startup_timeout=c.startup_timeout, max_recoveries=c.max_recoveries,
-            step_timeout_secs=c.step_timeout_secs)
-        hooks = trainers_done(built.train_graph, self.cluster, self.is_chief, self.name, every_trainer_waits=True,
-                              what="fit")
-        checkpoints = None
-        if saver is not None:
-            checkpoints = CheckpointHook(session.call, saver, self.dir, built.train_graph.global_step, name=self.name,
-                                         save_steps=c.save_checkpoint_steps, save_secs=c.save_checkpoint_secs)
-            hooks.append(checkpoints)
-        beat = heartbeat(built.train_graph, self.cluster, self.name, c.chief_timeout_secs, self.dir)
-        session.finalize(hooks + ([beat] if beat is not None else []), freeze=False)
-        return session, checkpoints
+        run.serve(config)
+        session = run.session(built.train_graph, config=config, saver=saver)
+        # Every trainer waits for the others (Keras's validation runs no step, so none can be still for long).
+        hooks = run.hooks(built.train_graph, session, saver=saver, save_steps=c.save_checkpoint_steps,
+                          save_secs=c.save_checkpoint_secs, still_secs=None, every_trainer_waits=True, what="fit")
+        session.finalize(hooks, freeze=False)
+        return session, run.checkpoints
 
     def _run(self, built, session, checkpoints, x, y, callbacks, kwargs):
         """tf-keras's fit of the clone, a step of the training loop per batch; ``(history, trained state)``."""

@@ -40,6 +40,8 @@ THREAD_GRACE_SECS = 5.0
 STARTUP_TIMEOUT_SECS = 300.0
 #: Seconds one step may wait on a ps that stopped answering before it is named (``step_timeout_secs``).
 STEP_TIMEOUT_SECS = 60.0
+#: Lost sessions a run recreates before it gives up (``max_recoveries``).
+MAX_RECOVERIES = 10
 #: Seconds before recreating a lost session: the first wait, doubling with each recovery in a row (a step
 #: that succeeds starts again from the first), and the longest. Ten in a row span 33 s, longer than gRPC
 #: waits before it looks a task's name up again (30 s, its dns_min_time_between_resolutions_ms): a
@@ -92,7 +94,7 @@ class TrainingSession:
     def __init__(self, train_graph, *, target: str = "", config=None, is_chief: bool = True, saver=None,
                  checkpoint_dir: Optional[str] = None, extra_local_init=(), cluster=None, name: str = "local",
                  poll_secs: float = READY_POLL_SECS, startup_timeout: float = STARTUP_TIMEOUT_SECS,
-                 max_recoveries: int = 10, init_fn=None, init_feed_dict=None,
+                 max_recoveries: int = MAX_RECOVERIES, init_fn=None, init_feed_dict=None,
                  step_timeout_secs: float = STEP_TIMEOUT_SECS):
         import tensorflow as tf
         self.tf = tf

@@ -22,7 +22,6 @@ single process could not restore (pitfalls item 9).
 import dataclasses
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -33,17 +32,16 @@ from ..core.errors import SpecError
 from ..data.pipeline import without_autotune_thread
 from ..graph.model import make_dataset, split_element
 from ..graph.placement import human_bytes, placement_report, record_ps_state
-from ..runtime.checkpoints import prepare_checkpoint_dir
-from ..runtime.server import task_server, wait_for_cluster
-from ..runtime.shutdown import done_when_finished, serve_as_ps
+from ..runtime.shutdown import done_when_finished
 from ..topology.cluster import Cluster, Role
-from .evaluation import local_config, run_evaluator
+from .assembly import RunAssembly, part_of
 from .checkpoint_watch import EVALUATOR_TIMEOUT_SECS
-from .hooks import STILL_SECS, CheckpointHook, ProgressHook, SummaryHook, TimelineHook, trainers_done
+from .evaluation import local_config, run_evaluator
+from .hooks import ProgressHook, SummaryHook, TimelineHook
 from .input_position import input_position
-from .liveness import CHIEF_TIMEOUT_SECS, heartbeat
+from .liveness import CHIEF_TIMEOUT_SECS
 from .loop import run_loop
-from .session import STARTUP_TIMEOUT_SECS, STEP_TIMEOUT_SECS, TrainingSession
+from .session import MAX_RECOVERIES, STARTUP_TIMEOUT_SECS, STEP_TIMEOUT_SECS
 from .train_metrics import SharedMetrics, TrainMetricsHook, examples_in, steps_for_epochs
 
 log = logging.getLogger("tfcluster")
@@ -93,7 +91,7 @@ class FitConfig:
     keep_checkpoints: int = 5
     evaluator_timeout_secs: float = EVALUATOR_TIMEOUT_SECS
     startup_timeout: float = STARTUP_TIMEOUT_SECS
-    max_recoveries: int = 10
+    max_recoveries: int = MAX_RECOVERIES
     step_timeout_secs: float = STEP_TIMEOUT_SECS
     chief_timeout_secs: float = CHIEF_TIMEOUT_SECS
     seed: Optional[int] = None
@@ -106,6 +104,11 @@ class FitConfig:
                      "chief_timeout_secs"):
             seconds(name, getattr(self, name), optional=True)
         seconds("log_every_secs", self.log_every_secs, positive=False)  # 0: a line after every step
+
+    def bounds(self) -> dict:
+        """The session's bounds, as :class:`~.assembly.RunAssembly` takes them."""
+        return {"startup_timeout": self.startup_timeout, "max_recoveries": self.max_recoveries,
+                "step_timeout_secs": self.step_timeout_secs, "chief_timeout_secs": self.chief_timeout_secs}
 
     def replace(self, **options) -> "FitConfig":
         """This config with ``options`` changed; an unknown name is refused, naming every known one."""
@@ -123,18 +126,14 @@ def resolve_cluster(cluster=None):
     return cluster if cluster is not None else Cluster.from_environment()
 
 
-def _play_other_role(cluster, model_fn, eval_input_fn, checkpoint_dir, batch_size, config):
-    """A ps serves until the trainers are done (None); the evaluator evaluates (a FitResult)."""
-    task = cluster.task
-    if task.role is Role.EVALUATOR:
-        if eval_input_fn is None:
-            raise SpecError("this task is the evaluator, but fit() got no eval_input_fn")
-        evals = run_evaluator(model_fn, eval_input_fn, checkpoint_dir, timeout_secs=config.evaluator_timeout_secs,
-                              batch_size=batch_size)
-        last = evals[-1] if evals else {}
-        return FitResult(str(task), int(last.get("global_step") or 0), evaluations=evals)
-    serve_as_ps(cluster)
-    return None
+def _evaluate(cluster, model_fn, eval_input_fn, checkpoint_dir, batch_size, config) -> FitResult:
+    """The evaluator's part: evaluate each new checkpoint until the chief's last."""
+    if eval_input_fn is None:
+        raise SpecError("this task is the evaluator, but fit() got no eval_input_fn")
+    evals = run_evaluator(model_fn, eval_input_fn, checkpoint_dir, timeout_secs=config.evaluator_timeout_secs,
+                          batch_size=batch_size)
+    last = evals[-1] if evals else {}
+    return FitResult(str(cluster.task), int(last.get("global_step") or 0), evaluations=evals)
 
 
 # ---------------------------------------------------------------------- fit
@@ -168,8 +167,11 @@ def fit(model_fn: Callable, input_fn: Callable, *, optimizer, steps: Optional[in
     cluster = resolve_cluster(cluster)
     if cluster is not None and cluster.task is None:
         raise SpecError("the cluster names no task for this process; set TF_CONFIG's 'task'")
-    if cluster is not None and cluster.task.role in (Role.EVALUATOR, Role.PS):
-        return _play_other_role(cluster, model_fn, eval_input_fn, checkpoint_dir, batch_size, config)
+    role = part_of(cluster, "fit")
+    if role is Role.PS:
+        return None
+    if role is Role.EVALUATOR:
+        return _evaluate(cluster, model_fn, eval_input_fn, checkpoint_dir, batch_size, config)
     strategy = strategies.get(strategy or strategies.default_name(cluster)).bind(cluster)
     if cluster is not None and strategy.cluster is None and cluster.num_replicas > 1:
         log.warning("%s trains a private copy of the model: the %s strategy ignores the cluster's other "
@@ -192,23 +194,16 @@ class _FitRun:
     def __init__(self, strategy, checkpoint_dir, batch_size, config: FitConfig):
         self.strategy, self.batch_size, self.config = strategy, batch_size, config
         self.cluster = strategy.cluster          # None for a local strategy, whatever TF_CONFIG says
-        self.name = str(self.cluster.task) if self.cluster is not None else "local"
-        self.is_chief = strategy.is_chief
+        # A strategy whose workers each own a copy (collective) initialises on every worker.
+        self.run = RunAssembly(self.cluster, should_init=strategy.should_init, checkpoint_dir=checkpoint_dir,
+                               **config.bounds())
+        self.name, self.is_chief, self.checkpoint_dir = self.run.name, self.run.is_chief, self.run.checkpoint_dir
         self.started = time.monotonic()
-        self.checkpoint_dir = os.path.abspath(checkpoint_dir) if checkpoint_dir else None
-        self.server = None
         self.steps_per_epoch = self.epochs = None
         if self.cluster is not None:
             # The strategy may need more of the server (virtual devices for towers, a collective group leader).
-            self.server = task_server(self.cluster, config=strategy.configure(self.cluster.session_config()))
-            wait_for_cluster(self.cluster, timeout=config.startup_timeout)
-        if self.is_chief and self.checkpoint_dir:
-            prepare_checkpoint_dir(self.checkpoint_dir)
-
-    @property
-    def saves(self) -> bool:
-        """True on the process that writes checkpoints and summaries."""
-        return self.is_chief and bool(self.checkpoint_dir)
+            self.run.serve(strategy.configure(self.cluster.session_config()))
+        self.run.prepare()
 
     def build(self, model_fn, input_fn, optimizer, user_hooks):
         """The graph, the session with its hooks, finalized."""
@@ -231,52 +226,35 @@ class _FitRun:
             self.metrics = SharedMetrics(train_graph)
             with s.input_scope():
                 saver = tf1.train.Saver(max_to_keep=config.keep_checkpoints, save_relative_paths=True) \
-                    if self.saves else None
+                    if self.run.saves else None
                 summary_op = None
-                if self.saves and config.summary_steps:
+                if self.run.saves and config.summary_steps:
                     tf1.summary.scalar("loss", train_graph.loss)
                     summary_op = tf1.summary.merge_all()
             self.report = placement_report(self.graph, devices=s.placement_devices())
             session_config = s.configure(self.cluster.session_config() if self.cluster is not None
                                          else local_config())
-            # A strategy whose workers each own a copy (collective) initialises on every worker.
-            self.session = TrainingSession(
-                train_graph, target=self.server.target if self.server is not None else "", config=session_config,
-                is_chief=s.should_init, saver=saver, checkpoint_dir=self.checkpoint_dir,
-                extra_local_init=[iterator.initializer], cluster=self.cluster, name=self.name,
-                startup_timeout=config.startup_timeout, max_recoveries=config.max_recoveries,
-                step_timeout_secs=config.step_timeout_secs)
-            self.writer = tf1.summary.FileWriter(self.checkpoint_dir) if self.saves else None
+            self.session = self.run.session(train_graph, config=session_config, saver=saver,
+                                            extra_local_init=[iterator.initializer])
+            self.writer = tf1.summary.FileWriter(self.checkpoint_dir) if self.run.saves else None
             self.session.finalize(self._hooks(train_graph, saver, summary_op) + list(user_hooks))
 
     def _hooks(self, train_graph, saver, summary_op) -> list:
-        """The loop's own features, as hooks: timeline, progress, summaries, checkpoints."""
+        """The loop's own features, as hooks: metrics, timeline, progress, input position; the run's standard ones."""
         # Examples per step of this process: one batch per replica it hosts (towers).
         examples = (self.batch_size or 0) * self.strategy.replicas_per_worker
         self.progress = ProgressHook(self.name, self.config.log_every_secs, examples, self.started, self.writer)
         self.timeline = TimelineHook()
-        # First: the chief's final save waits for the other trainers' last steps.
-        hooks = trainers_done(train_graph, self.cluster, self.is_chief, self.name, still_secs=STILL_SECS)
-        hooks += [self.timeline, self.progress]
         c = self.config
-        hooks += input_position(self.iterator, self.checkpoint_dir, train_graph.global_step, self.name,
-                                save_steps=c.save_checkpoint_steps, save_secs=c.save_checkpoint_secs,
-                                keep=(c.keep_checkpoints or 3) + 2)
-        self.checkpoints = None
-        if summary_op is not None:
-            hooks.append(SummaryHook(self.writer, summary_op, self.config.summary_steps))
-        if saver is not None:
-            self.checkpoints = CheckpointHook(
-                self.session.call, saver, self.checkpoint_dir, train_graph.global_step, name=self.name,
-                save_steps=self.config.save_checkpoint_steps, save_secs=self.config.save_checkpoint_secs)
-            hooks.append(self.checkpoints)
-        beat = heartbeat(train_graph, self.cluster, self.name, self.config.chief_timeout_secs, self.checkpoint_dir)
-        if beat is not None:
-            hooks.append(beat)
-        if self.metrics:
-            hooks.insert(0, TrainMetricsHook(self.metrics, self.name, self.config.log_every_secs, self.is_chief,
-                                             self.writer, self.steps_per_epoch, self.epochs))
-        return hooks
+        own = [TrainMetricsHook(self.metrics, self.name, c.log_every_secs, self.is_chief, self.writer,
+                                self.steps_per_epoch, self.epochs)] if self.metrics else []
+        own += [self.timeline, self.progress]
+        own += input_position(self.iterator, self.checkpoint_dir, train_graph.global_step, self.name,
+                              save_steps=c.save_checkpoint_steps, save_secs=c.save_checkpoint_secs,
+                              keep=(c.keep_checkpoints or 3) + 2)
+        summary = SummaryHook(self.writer, summary_op, c.summary_steps) if summary_op is not None else None
+        return self.run.hooks(train_graph, self.session, saver=saver, save_steps=c.save_checkpoint_steps,
+                              save_secs=c.save_checkpoint_secs, own=own, summary=summary)
 
     def _log_start(self):
         s = self.strategy
@@ -296,8 +274,8 @@ class _FitRun:
         with self.graph.as_default():
             try:
                 self.session.create()
-                if self.checkpoints is not None:
-                    self.checkpoints.checkpoint = self.session.restored_from
+                if self.run.checkpoints is not None:
+                    self.run.checkpoints.checkpoint = self.session.restored_from
                 gs = run_loop(self.session, last_step=steps, name=self.name)
             finally:
                 if self.writer is not None:
@@ -306,5 +284,6 @@ class _FitRun:
         p = self.progress
         p.report(gs)
         return FitResult(self.name, gs, p.steps, p.loss, p.seconds, p.steps_per_sec, p.steps_per_sec * p.batch,
-                         self.checkpoints.checkpoint if self.checkpoints is not None else self.session.restored_from,
+                         self.run.checkpoints.checkpoint if self.run.checkpoints is not None
+                         else self.session.restored_from,
                          p.first_step_at, last_step_at=p.last_step_at, timeline=self.timeline.marks)
