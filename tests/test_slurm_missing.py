@@ -26,7 +26,7 @@ def _run_slurm_tests(ci: bool, as_nobody: bool = False, hide: bool = True):
     if hide:
         empty = os.path.join(REPO, "tests", "no-such-dir")      # nothing found there: Slurm is not installed
         env[slurmhost.SEARCH_PATH_ENV] = empty
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "--rootdir", REPO,
+    cmd = [sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider", "-q", "-rs", "--rootdir", REPO,
            os.path.join(REPO, "tests", "test_slurm.py")]
     if as_nobody:
         cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + cmd
