@@ -135,6 +135,18 @@ def test_an_exported_saved_model_serves_in_tf2_and_predicts_what_the_estimator_p
     assert served["class"].numpy().tolist() == [int(p["class"]) for p in expected]
 
 
+def test_exporting_a_checkpoint_the_chief_rotated_away_is_the_evaluators_skip_not_a_crash(estimator, tmp_path):
+    # The evaluator exports after it evaluated; a chief that saves often may have deleted that checkpoint by then.
+    from tfcluster.runtime.checkpoints import CheckpointUnreadable
+    estimator.train(train_input(), max_steps=10)
+    latest = estimator.latest_checkpoint()
+    for part in tmp_path.glob("model/" + os.path.basename(latest) + ".*"):
+        part.unlink()
+    receiver = est.export.build_raw_serving_input_receiver_fn({"x": placeholder()})
+    with pytest.raises(CheckpointUnreadable, match="vanished"):
+        estimator.export_saved_model(str(tmp_path / "export"), receiver, checkpoint_path=latest)
+
+
 def test_hooks_run_around_the_steps_and_stop_training_and_listeners_hear_each_save(estimator):
     class Count(tf1.train.SessionRunHook):
         steps = 0

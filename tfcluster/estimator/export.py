@@ -19,7 +19,7 @@ from tensorflow.python.saved_model.model_utils import export_utils as _export_ut
 from tensorflow.python.util import deprecation
 
 from ..core.errors import TfclusterError
-from ..runtime.checkpoints import checkpoint_step
+from ..runtime.checkpoints import checkpoint_exists, checkpoint_step, restore_error
 from .calls import call_estimator_model_fn
 from .inference import inference_graph
 from .spec import ModeKeys
@@ -107,7 +107,14 @@ def export_saved_model(estimator, export_dir_base, serving_input_receiver_fn, as
         export_dir = _export_utils.get_timestamped_export_dir(export_dir_base)
         temp_dir = _export_utils.get_temp_export_dir(export_dir)
         with tf1.Session(config=tf1.ConfigProto(allow_soft_placement=True)) as session:
-            saver.restore(session, checkpoint)
+            try:
+                saver.restore(session, checkpoint)
+            except (ValueError, tf.errors.NotFoundError) as e:
+                if checkpoint_exists(checkpoint):
+                    raise
+                # The evaluator's exporter runs after its evaluation, by which time a chief that saves often may
+                # have rotated the checkpoint away: skipped as a vanished evaluation is (training/checkpoint_watch.py).
+                raise restore_error(checkpoint, e) from None
             builder = tf1.saved_model.Builder(temp_dir)
             builder.add_meta_graph_and_variables(
                 session, [tf1.saved_model.tag_constants.SERVING], signature_def_map=signatures,
