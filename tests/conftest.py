@@ -178,7 +178,7 @@ def no_process_left(pids, timeout=5.0):
 # ------------------------------------------------------------------ tests side by side
 # pytest.ini runs the suite in two xdist workers, a test file to a worker (its module fixtures start once).
 # A test marked ``serial`` runs with no other test beside it: it measures seconds (a fault's detection, a
-# bound a user is promised) or owns what the machine has one of (network namespaces, Slurm, cgroups). The
+# bound a user is promised) or owns what the machine has one of (network namespaces, Slurm). The
 # workers share a readers-writer lock: every test holds it shared, a serial test alone; a turnstile lets a
 # waiting serial test in before the next shared holder, so it never starves.
 #: How long a test waits for the lock: longer than any one test may run (pytest.ini's timeouts).

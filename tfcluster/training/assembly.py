@@ -34,13 +34,12 @@ from .liveness import CHIEF_TIMEOUT_SECS, heartbeat
 from .session import MAX_RECOVERIES, STARTUP_TIMEOUT_SECS, STEP_TIMEOUT_SECS, TrainingSession
 
 
-def part_of(cluster, what: str, hint: str = "") -> Optional[Role]:
+def part_of(cluster, what: str) -> Optional[Role]:
     """This task's part in ``what`` (a front end's name, for the error line); None alone, without a cluster.
 
     A ps serves here until every trainer is done, then returns :attr:`Role.PS`;
     :attr:`Role.EVALUATOR` is the front end's to run; a trainer gets its role.
-    A task of no role (TF 1.x's ``local``) is refused in one line, ``hint``
-    appended.
+    A task of no role (TF 1.x's ``local``) is refused in one line.
     """
     if cluster is None:
         return None
@@ -51,7 +50,7 @@ def part_of(cluster, what: str, hint: str = "") -> Optional[Role]:
     if role is Role.EVALUATOR or (role is not None and role.trains):
         return role
     raise TfclusterError(f"{what} trains on the chief and the workers, serves on the ps and evaluates on the "
-                         f"evaluator; {cluster.task} is none of them: give its job one of those names{hint}")
+                         f"evaluator; {cluster.task} is none of them: give its job one of those names")
 
 
 class RunAssembly:
@@ -83,12 +82,11 @@ class RunAssembly:
         """True on the process that writes checkpoints: the chief, given a dir."""
         return self.is_chief and self.checkpoint_dir is not None
 
-    def serve(self, server_config=None) -> str:
-        """Start this task's server (``server_config``: the strategy's) and wait for the ps tasks; the target."""
+    def serve(self, server_config=None):
+        """Start this task's server (``server_config``: the strategy's) and wait for the ps tasks it needs."""
         if self.cluster is not None:
             self.target = task_server(self.cluster, config=server_config).target
             wait_for_cluster(self.cluster, timeout=self.startup_timeout)
-        return self.target
 
     def prepare(self):
         """The chief's checkpoint dir, writable and without its last run's done marker, before any graph."""
