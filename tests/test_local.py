@@ -228,6 +228,7 @@ def test_a_worker_that_exits_3_makes_the_launcher_exit_3_and_name_it_and_its_log
     line = run.wait_for(r"\[tfcluster\] error: worker:1 ", 1)
     assert "worker:1 exited with code 3" in line and str(tmp_path / "logs" / "worker-1.log") in line
     assert "[worker:1] worker:1 fails on purpose with code 3" in run.lines
+    assert run.lines[-1] == f"[tfcluster] ended: worker:1 failed for good (exit code 3); logs: {tmp_path / 'logs'}"
     assert run.alive() == []
 
 
@@ -241,10 +242,21 @@ def test_the_launchers_result_says_why_the_run_ended_which_task_ended_it_and_how
     assert (failed.ending, failed.exit_code, failed.failed) == (Ending.TASK_FAILED, 3, Task("worker", 1))
     assert not failed.succeeded and failed.task("worker:1").returncode == 3
     assert failed.task(Task("worker", 1)).log_path == os.path.join(failed.log_dir, "worker-1.log")
+    assert failed.closing_line() == f"ended: worker:1 failed for good (exit code 3); logs: {failed.log_dir}"
 
     done = LocalLauncher(LaunchConfig([PY, "-c", "pass"], ps=0, workers=2, isolate=False)).launch()
     assert (done.ending, done.exit_code, done.failed) == (Ending.SUCCEEDED, 0, None) and done.succeeded
     assert [(str(r.task), r.returncode, r.restarts) for r in done.tasks] == [("worker:0", 0, 0), ("worker:1", 0, 0)]
+    assert done.closing_line() == "done: 2 trainer(s) succeeded"
+
+    exit_3_once_on_worker_1 = ("import json, os, sys\n"
+                               "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1 "
+                               "and not os.path.exists('failed'):\n"
+                               "    open('failed', 'w').close(); sys.exit(3)\n")
+    recovered = LocalLauncher(LaunchConfig([PY, "-c", exit_3_once_on_worker_1], ps=0, workers=2, isolate=False,
+                                           max_restarts=1)).launch()
+    assert recovered.succeeded and recovered.task("worker:1").restarts == 1
+    assert recovered.closing_line() == "done: 2 trainer(s) succeeded; restarts: worker:1 1"
 
 
 def test_a_worker_killed_by_a_signal_makes_the_launcher_exit_128_plus_the_signal(procs, tmp_path):

@@ -47,6 +47,17 @@ class RunResult:
         """True when every trainer succeeded."""
         return self.ending is Ending.SUCCEEDED and self.exit_code == EXIT_OK
 
+    def closing_line(self) -> str:
+        """The run's last line: how it ended, with restarts and where the logs are when it did not succeed."""
+        restarted = ", ".join(f"{r.task} {r.restarts}" for r in self.tasks if r.restarts)
+        restarts = f"; restarts: {restarted}" if restarted else ""
+        if self.succeeded:
+            trainers = sum(1 for r in self.tasks if r.task.ends_the_run)
+            return f"done: {trainers} trainer(s) succeeded{restarts}"
+        why = f"{self.failed} failed for good" if self.failed is not None else self.ending.value
+        logs = f"; logs: {self.log_dir}" if self.log_dir else ""
+        return f"ended: {why} (exit code {self.exit_code}){restarts}{logs}"
+
     def task(self, task: Task) -> TaskResult:
         """The result of ``task`` (a :class:`Task`, or its ``job:index`` name)."""
         return next(r for r in self.tasks if r.task == task or str(r.task) == str(task))

@@ -59,8 +59,11 @@ class LocalLauncher:
 
     # ----------------------------------------------------------- running
     def run(self) -> int:
-        """Start the cluster, supervise it until the trainers are done, stop it; return the exit code."""
-        return self.launch().exit_code
+        """Start the cluster, supervise it until the trainers are done, stop it, say how it ended; return the
+        exit code."""
+        result = self.launch()
+        log.info("%s", result.closing_line())
+        return result.exit_code
 
     def launch(self) -> RunResult:
         """As :meth:`run`, returning how the run ended (:class:`RunResult`)."""
@@ -156,7 +159,6 @@ class LocalLauncher:
         end = self._finish_evaluator(deadline)
         if end is not None:
             return end
-        log.info("done: %d trainer(s) succeeded", len(trainers))
         return Ending.SUCCEEDED, EXIT_OK, None
 
     def _left_in_join(self, trainers) -> bool:
