@@ -198,6 +198,24 @@ def tf_import_seconds():
     return time.time() - t
 
 
+#: How each kind of task process imports TensorFlow: a trainer's program as written (Keras with it; tf-keras under
+#: TF_USE_LEGACY_KERAS, which every task gets where tf-keras is installed), a hosted ps as tfcluster start does.
+IMPORTS = {"trainer": "import tensorflow",
+           "ps": "from tfcluster.topology.taskenv import prepare_this_process\n"
+                 "prepare_this_process(keras=False)\nimport tensorflow"}
+
+
+def import_cost(kind):
+    """``(CPU seconds, peak resident bytes)`` of a fresh Python importing TensorFlow as a ``kind`` task does."""
+    p = subprocess.Popen([PY, "-c", IMPORTS[kind]], env=child_env(TF_USE_LEGACY_KERAS="1"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(p.pid, 0)      # the kernel's accounting of this one child
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise RuntimeError(f"importing TensorFlow as a {kind} exited {p.returncode}")
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+
+
 def digits_accuracy(mode, wire):
     """The README example's test accuracy after training on 1 ps + 2 workers with this wire."""
     ckpt = tempfile.mkdtemp(prefix="tfcbench-digits-")
@@ -343,10 +361,15 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
             except Exception as e:  # a broken row is reported, not fatal to the others
                 runs[name].append(None)  # keeps every row's repeats aligned for the paired ratios
                 print(f"bench: {name} rep {rep + 1} failed: {str(e).splitlines()[0]}", flush=True)
-    extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={})
+    extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={},
+                 import_cpu={kind: [] for kind in IMPORTS}, import_rss={kind: [] for kind in IMPORTS})
     pull_mb = 16 if quick else 64
-    for _ in range(reps):
+    for rep in range(reps):
         extra["tf_import"].append(tf_import_seconds())
+        for kind in sorted(IMPORTS, reverse=rep % 2 == 1):      # side by side, the order alternating
+            cpu, rss = import_cost(kind)
+            extra["import_cpu"][kind].append(cpu)
+            extra["import_rss"][kind].append(rss)
         if only is not None and "pull" not in only:
             continue
         extra["tcp"].append(tcp_loopback_bps(pull_mb, 2.0 if quick else 4.0))

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -117,6 +118,25 @@ def test_a_started_ps_and_a_worker_script_compute_across_processes_and_the_ps_th
     assert_only_own_lines(ps_out, "the ps")
     assert port_is_free(p_ps) and port_is_free(p_w)
     assert no_process_left(pids + [worker.pid])
+
+
+@pytest.mark.timeout(90)
+def test_a_process_that_builds_no_model_serves_and_runs_ops_without_importing_keras():
+    # What a hosted server and a trainer's tfcluster start (telling the ps it is done) do before importing TF.
+    program = textwrap.dedent("""
+        import sys
+        from tfcluster.topology.taskenv import prepare_this_process
+        prepare_this_process(keras=False)
+        import tensorflow as tf
+        server = tf.distribute.Server.create_local_server()
+        with tf.compat.v1.Session(server.target, graph=tf.Graph()) as session:
+            print("value", session.run(tf.constant(20.0) + 22.0))
+        print("loaded", sorted({name.split(".")[0] for name, module in sys.modules.items() if module is not None}
+                               & {"keras", "tf_keras", "sklearn"}))
+    """)
+    r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=base_env(), timeout=80)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["value 42.0", "loaded []"]
 
 
 def test_a_ps_asks_glibc_for_huge_pages_and_a_tunable_the_user_set_is_kept():

@@ -205,7 +205,7 @@ def _ctr(runs, thr, add, pair):
 
 
 def _startup(out, runs, extra, add):
-    """P5, P6 (seconds), P7 (pull speed) and the README example's accuracy with each wire."""
+    """P5, P6 (seconds), P7 (pull speed), P8 (a hosted ps's import) and the README example's accuracy with each wire."""
     if runs.get("tfcluster_async") and extra.get("tf_import"):
         imp = statistics.median(extra["tf_import"])
         add("P5 s launch to every first step (tfcluster)",
@@ -213,6 +213,12 @@ def _startup(out, runs, extra, add):
             f"<= {imp + 2:.1f} (TF import {imp:.1f} + 2)", unit="s")
         add("P6 s last step to every process gone", [_teardown_seconds(r) for r in runs["tfcluster_async"]],
             "startup", "tfcluster", "<= 2", unit="s")
+    cpu, rss = extra.get("import_cpu") or {}, extra.get("import_rss") or {}
+    if cpu.get("ps") and cpu.get("trainer"):
+        add("P8 a hosted ps's TensorFlow import / a trainer's: CPU seconds", ratio(cpu["ps"], cpu["trainer"]),
+            "startup", "a trainer", "<= 0.85")
+        add("P8 a hosted ps's TensorFlow import / a trainer's: peak memory", ratio(rss["ps"], rss["trainer"]),
+            "startup", "a trainer", "<= 0.95")
     if runs.get("tfcluster_async_autotune"):
         add("P6 with tf.data's autotune thread (the input's own choice)",
             [_teardown_seconds(r) for r in runs["tfcluster_async_autotune"]], "startup", "tfcluster", "peer", unit="s")

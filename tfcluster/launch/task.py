@@ -102,7 +102,7 @@ def host_server(cluster: Cluster, *, timeout: float = CLUSTER_WAIT_SECS, exit_wh
     from ..runtime.server import start_server, wait_for_cluster
     from ..runtime.shutdown import Served, drain_on_sigterm, serve_until_done
     task = cluster.task
-    prepare_this_process(verbose, hosted_server=True)
+    prepare_this_process(verbose, keras=False)
     stop, done = threading.Event(), threading.Event()
     done_aware = task.role is Role.PS and exit_when_done
     # Once every trainer is done, the launcher's SIGTERM only cuts the ps's linger short: no drain to announce.
@@ -207,5 +207,5 @@ def _tell_ps_done(cluster: Cluster, record: str, verbose: bool):
         log.debug("%s's command told every ps that it is done", cluster.task)
         return
     # The command may not use tfcluster's library; tell the ps for it.
-    prepare_this_process(verbose)
+    prepare_this_process(verbose, keras=False)
     signal_done(cluster, ps_tasks=pending)

@@ -71,9 +71,9 @@ def set_tensorflow_logging(env: MutableMapping, verbose: bool = False) -> Mutabl
     return env
 
 
-def set_legacy_keras(env: MutableMapping, always: bool = False) -> MutableMapping:
-    """``TF_USE_LEGACY_KERAS=1`` in ``env`` when tf-keras is installed (or ``always``); returns ``env``."""
-    if always or legacy_keras_available():
+def set_legacy_keras(env: MutableMapping) -> MutableMapping:
+    """``TF_USE_LEGACY_KERAS=1`` in ``env`` when tf-keras is installed; returns ``env``."""
+    if legacy_keras_available():
         env.setdefault("TF_USE_LEGACY_KERAS", "1")
     return env
 
@@ -159,16 +159,29 @@ def import_tensorflow():
     return tf
 
 
-def prepare_this_process(verbose: bool = False, hosted_server: bool = False):
+#: What TF 2.21's ``__init__`` imports eagerly so that Keras's optimizers register for SavedModel: Keras 3's, or
+#: tf-keras's under TF_USE_LEGACY_KERAS. TF goes on without them (``except ImportError: pass``), as it does
+#: where no Keras is installed.
+KERAS_EAGER_IMPORTS = ("keras.src.optimizers", "tf_keras.src.optimizers")
+
+
+def prepare_this_process(verbose: bool = False, keras: bool = True):
     """Set, before TensorFlow is imported here, what a task's environment would hold.
 
-    A hosted server runs no Keras, but TF imports Keras 3 eagerly, and Keras 3
-    its scikit-learn wrapper (and SciPy) when they are installed: 1 s of a 3.5 s
-    import, on cores the trainers are importing TF on. With the legacy-Keras
-    variable set, TF tries tf-keras instead, and carries on when it is absent.
+    ``keras=False``: this process builds no model (it hosts a server, or tells
+    the ps that a task is done), so TF's eager import of Keras is skipped: Keras
+    3 brings in its scikit-learn wrapper (scikit-learn and SciPy) when they are
+    installed, tf-keras the whole of tf-keras, about a quarter of TF's import on
+    cores the trainers are importing TF on (docs/map.md, "What a task's process
+    imports").
     """
     set_tensorflow_logging(os.environ, verbose)
-    set_legacy_keras(os.environ, always=hosted_server)
+    if keras:
+        set_legacy_keras(os.environ)
+    elif "tensorflow" not in sys.modules:
+        # A module set to None in sys.modules is one Python's import refuses at once; setdefault keeps one loaded.
+        for name in KERAS_EAGER_IMPORTS:
+            sys.modules.setdefault(name, None)
 
 
 def task_environment(cluster, verbose: bool = False, base: Optional[dict] = None, *,
