@@ -1,4 +1,5 @@
-"""One run assembly under every front end: a task's part, and a trainer's hooks in one order.
+"""One run assembly under every front end: a task's part, a trainer's hooks in one order, the strategy a TF 1.x
+request becomes.
 
 ``fit``, the Estimator and tf-keras's ``fit`` all reach tfcluster/training/assembly.py; their clusters are
 tested end to end in test_ps_training.py, test_canned.py and test_keras_cluster.py.
@@ -11,7 +12,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 tf1 = tf.compat.v1
 
-from tfcluster import Cluster, Role, TfclusterError  # noqa: E402
+from tfcluster import Cluster, Role, TfclusterError, strategies  # noqa: E402
 from tfcluster.graph.step import Hook, StepRunner, TrainGraph  # noqa: E402
 from tfcluster.training.assembly import RunAssembly, part_of  # noqa: E402
 from tfcluster.training.hooks import CheckpointHook, SummaryHook, TrainersDone  # noqa: E402
@@ -87,3 +88,20 @@ def test_a_workers_hooks_have_no_checkpoints_and_no_chiefs_hooks_and_it_initiali
         hooks = worker.hooks(graph, session, chief=[Mark("chief")], after=[Mark("after")])
     assert [type(h) for h in hooks] == [TrainersDone, ChiefHeartbeat, Mark]
     assert session.checkpoint_dir is None and worker.checkpoints is None
+
+
+def test_a_tf1_request_for_all_reduce_becomes_the_registered_collective_strategy_on_several_trainers_only():
+    two = Cluster.from_dict({"worker": ["localhost:1", "localhost:2"]}).with_task("worker", 1)
+    two_and_ps = Cluster.from_dict({"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]}).with_task(
+        "worker", 0)
+    chosen = strategies.for_request("collective", two)
+    assert isinstance(chosen, strategies.CollectiveAllReduceStrategy) and chosen.cluster is two
+    assert (chosen.num_workers, chosen.worker_index, chosen.should_init) == (2, 1, True)
+    # The Estimator's ps tasks idle beside all-reduce (they serve and exit); tf-keras's have no part to play.
+    assert strategies.for_request("collective", two_and_ps, idle_ps=True).cluster is two_and_ps
+    assert strategies.for_request("collective", two_and_ps) is None
+    # One trainer, no cluster, or another request: one process's towers, or the ps as TF 1.x used them.
+    one = Cluster.from_dict({"worker": ["localhost:1"]}).with_task("worker", 0)
+    assert strategies.for_request("collective", one) is None and strategies.for_request("collective", None) is None
+    assert strategies.for_request("ps", two_and_ps) is None and strategies.for_request("mirrored", two) is None
+    assert strategies.for_request(None, two) is None

@@ -38,7 +38,7 @@ LAYERS = [
                 "graph.step"], ["graph.repartition"], ["graph.sparse", "graph.traffic"],
                 ["graph"]])],
     [("strategies", [["strategies.towers", "strategies.keras_towers"], ["strategies.base"],
-                     ["strategies.local", "strategies.mirrored", "strategies.sync"], ["strategies.sync_run"],
+                     ["strategies.local", "strategies.mirrored", "strategies.sync", "strategies.recorded"], ["strategies.sync_run"],
                      ["strategies.parameter_server", "strategies.collective", "strategies.sync_replicas"],
                      ["strategies"]])],
     [("training", [["training.timer", "training.checkpoint_watch"],

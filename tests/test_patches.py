@@ -130,13 +130,29 @@ def test_session_run_is_wrapped_once_with_its_layers_innermost_first_whatever_or
 
 
 def _third_party_names(tree):
+    """The names a module binds to third-party modules and classes: imported, or aliased (``tf1 = tf.compat.v1``,
+    ``optimizer = tf1.train.Optimizer``)."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith(THIRD_PARTY)}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(THIRD_PARTY):
             names |= {a.asname or a.name for a in node.names}
-    return names
+    while True:
+        aliases = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and _root(node.value) in names
+                   for target in _flat(node.targets) if isinstance(target, ast.Name)} - names
+        if not aliases:
+            return names
+        names |= aliases
+
+
+def _flat(targets):
+    """Assignment targets, tuples unpacked (``a.x, a.y = ...`` assigns to both)."""
+    for target in targets:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            yield from _flat(target.elts)
+        else:
+            yield target
 
 
 def _root(node):
@@ -153,7 +169,7 @@ def test_no_module_but_the_registry_assigns_to_a_third_party_name():
         for node in ast.walk(tree):
             targets = []
             if isinstance(node, ast.Assign):
-                targets = [t for t in node.targets if isinstance(t, ast.Attribute)]
+                targets = [t for t in _flat(node.targets) if isinstance(t, ast.Attribute)]
             elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("setattr", "delattr") \
                     and node.args:
                 targets = [node.args[0]]

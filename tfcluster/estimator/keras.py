@@ -18,7 +18,7 @@ import tensorflow as tf
 from ..core.errors import ModelFnError, SpecError
 from .estimator import Estimator
 from ..strategies.keras_towers import tower_model
-from .replicas import SPLITS_ITSELF, keras_update, refuse_for_keras, replicas_of, towers_for
+from .replicas import SPLITS_ITSELF, keras_update, refuse_for_keras, towers_of
 from .spec import EstimatorSpec, ModeKeys
 
 tf1 = tf.compat.v1
@@ -120,7 +120,8 @@ def _make_model_fn(model, weights, custom_objects, export_outputs):
         if mode == ModeKeys.EVAL:
             return EstimatorSpec(mode, predictions=predictions, loss=loss, eval_metric_ops=_metric_ops(clone, labels))
         # Several replicas (build_replicas gives every replica's batch at once): towers of the clone train.
-        trained = _towers(clone, features, targets, towers_for(config)) if replicas_of(config) > 1 else clone
+        towers = towers_of(config)
+        trained = _towers(clone, features, targets, towers) if towers is not None else clone
         with keras_update(trained.optimizer):      # all-reduced across the workers under CollectiveAllReduce
             trained._make_train_function()
         return EstimatorSpec(mode, predictions=predictions, loss=trained.total_loss,

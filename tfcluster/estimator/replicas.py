@@ -4,12 +4,11 @@ TF 1.x's Estimator with ``RunConfig(train_distribute=MirroredStrategy(num_gpus=N
 called ``model_fn`` once per replica, each on its own device and its own batch
 from ``input_fn`` (the batch ``input_fn`` makes is a replica's), and the
 optimizer's ``apply_gradients`` inside ``model_fn`` summed the replicas'
-gradients before one update. Here, as there: while the replicas are built, a
-``tf.compat.v1.train.Optimizer`` divides the loss it differentiates by N (TF
-1.x's ``Optimizer._scale_loss`` for a mean loss) and records its gradients
-instead of applying them; once every replica is built, each recorded update
-is applied once with the replicas' gradients summed, which is the gradient of
-the mean loss over the global batch (N x the replica's batch). Replicas after
+gradients before one update. Here, as there, through the strategy layer's
+adapter for a model that makes its own update
+(:mod:`tfcluster.strategies.recorded`: the loss scaled by 1/N, the updates
+recorded, then applied once with the replicas' gradients summed): the
+gradient of the mean loss over the global batch (N x the replica's batch). Replicas after
 the first share the first's variables (``variable_scope(reuse=True)``, as the
 TF1 tower programs did), which live where the placement outside the replicas
 puts them: the first replica's device in one process, the ps tasks on a
@@ -39,10 +38,11 @@ import logging
 
 import tensorflow as tf
 
+from .. import strategies
 from ..core.errors import ModelFnError, SpecError
 from ..graph.model import split_element
 from ..strategies.collective import mean_gradients
-from ..strategies.towers import sum_gradients, tower_device_fn
+from ..strategies.recorded import on_this_worker, on_towers
 from .calls import call_estimator_model_fn
 from .spec import EstimatorSpec, ModeKeys
 
@@ -61,9 +61,10 @@ def replicas_of(config) -> int:
     return 1
 
 
-def towers_for(config):
-    """The replicas' devices: the strategy's named devices, else N GPUs, else N virtual CPU devices."""
-    return config.train_distribute.towers()
+def towers_of(config):
+    """The replicas' devices when ``config`` asks for several per training process (the strategy's named devices,
+    else N GPUs, else N virtual CPU devices), else None."""
+    return config.train_distribute.towers() if replicas_of(config) > 1 else None
 
 
 #: Set on a model_fn that splits its batch over the replicas itself (``model_to_estimator``'s: a tf-keras model
@@ -82,46 +83,6 @@ def refuse_for_keras(config):
                         "give the strategy one device (docs/tf1.md)")
 
 
-@contextlib.contextmanager
-def _one_update(replicas: int, recorded: list):
-    """While replicas build: TF 1.x optimizers scale their loss by 1/replicas and record, not apply, updates."""
-    optimizer = tf1.train.Optimizer
-    compute, apply = optimizer.compute_gradients, optimizer.apply_gradients
-
-    def scaled_compute(self, loss, *args, **kwargs):
-        return compute(self, loss * (1.0 / replicas), *args, **kwargs)
-
-    def recording_apply(self, grads_and_vars, global_step=None, name=None):
-        recorded[-1].append((self, list(grads_and_vars), global_step, name))
-        return tf.no_op(name="replica_update")     # the update itself comes once, after every replica
-
-    optimizer.compute_gradients, optimizer.apply_gradients = scaled_compute, recording_apply
-    try:
-        yield
-    finally:
-        optimizer.compute_gradients, optimizer.apply_gradients = compute, apply
-
-
-def _apply_once(recorded: list, collective=None):
-    """Each update the replicas asked for, applied once with their gradients summed per variable (and over every
-    worker's, with ``collective``)."""
-    counts = {len(r) for r in recorded}
-    if len(counts) != 1 or not recorded[0]:
-        raise ModelFnError("model_fn must make the same optimizer updates on every replica "
-                           f"(apply_gradients calls per replica: {[len(r) for r in recorded]})")
-    updates = []
-    for calls in zip(*recorded):
-        optimizer, first, global_step, name = calls[0]
-        summed = []
-        for i, (_, var) in enumerate(first):
-            grads = [call[1][i][0] for call in calls]
-            summed.append((None if any(g is None for g in grads) else sum_gradients(grads), var))
-        if collective is not None:
-            summed = collective.reduce_gradients([(g, v) for g, v in summed if g is not None])
-        updates.append(tf1.train.Optimizer.apply_gradients(optimizer, summed, global_step=global_step, name=name))
-    return updates
-
-
 def input_context(config):
     """The ``tf.distribute.InputContext`` TF 1.x gave an ``input_fn`` that takes one, under a strategy (else None):
     this worker's pipeline of the workers', and the replicas in sync."""
@@ -137,12 +98,8 @@ def input_context(config):
 def collective_of(config):
     """tfcluster's collective strategy on TF_CONFIG's workers when ``train_distribute`` asks for all-reduce across
     several of them (``CollectiveAllReduceStrategy``), else None."""
-    strategy, cluster = config.train_distribute, config.cluster
-    if strategy is None or getattr(strategy, "kind", None) != "collective" or cluster is None \
-            or cluster.num_replicas < 2:
-        return None
-    from ..strategies.collective import CollectiveAllReduceStrategy
-    return CollectiveAllReduceStrategy().bind(cluster, idle_ps=True)     # the ps tasks serve_as_ps and exit
+    kind = getattr(config.train_distribute, "kind", None)
+    return strategies.for_request(kind, config.cluster, idle_ps=True)     # the ps tasks serve_as_ps and exit
 
 
 #: The collective strategy whose graph a model_fn is being built in (for :func:`keras_update`), and whether a
@@ -163,25 +120,19 @@ def keras_update(optimizer):
 
 def build_collective(model_fn, features, labels, params, config, collective):
     """The TRAIN spec of ``model_fn`` on this worker's copy: its update applied with every worker's gradients."""
-    collective.start_graph()
-    recorded = [[]]
     _BUILDING.update(collective=collective, reduced=False)
     try:
-        with _one_update(collective.num_workers, recorded):
-            spec = call_estimator_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
+        spec, updates = on_this_worker(
+            lambda: call_estimator_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config), collective)
     finally:
         _BUILDING["collective"] = None
     if _BUILDING["reduced"]:
         return spec
-    if not recorded[0]:
+    if not updates:
         raise ModelFnError("with CollectiveAllReduceStrategy, model_fn's update must come from a "
                            "tf.compat.v1.train optimizer (its apply_gradients is where the workers' gradients are "
                            "summed); a tf-keras optimizer's in a model_fn of your own is not (model_to_estimator's "
                            "is)")
-    updates = []
-    for optimizer, grads_and_vars, global_step, name in recorded[0]:
-        summed = collective.reduce_gradients([(g, v) for g, v in grads_and_vars if g is not None])
-        updates.append(tf1.train.Optimizer.apply_gradients(optimizer, summed, global_step=global_step, name=name))
     return spec._replace(train_op=tf.group(*updates, spec.train_op, name="allreduce_train_op"))
 
 
@@ -191,7 +142,6 @@ def build_replicas(model_fn, iterator, features, labels, params, config, towers,
     if iterator is None:
         raise SpecError(f"with {config.train_distribute.describe()}, input_fn must return a tf.data.Dataset "
                         "(each replica reads its own batch of it), not tensors")
-    recorded, specs = [], []
     devices = towers.local_devices
     if getattr(model_fn, SPLITS_ITSELF, False):
         # Each replica's batch, as the replicas below would read them, in one batch the model_fn splits again.
@@ -202,18 +152,12 @@ def build_replicas(model_fn, iterator, features, labels, params, config, towers,
         if collective is not None:          # the towers' mean gradient, then the workers' mean of those
             return build_collective(model_fn, features, labels, params, config, collective)
         return call_estimator_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config)
-    if collective is not None:
-        collective.start_graph()
-    with _one_update(len(devices) * (collective.num_workers if collective is not None else 1), recorded):
-        for k, device in enumerate(devices):
-            recorded.append([])
-            if k:
-                features, labels = split_element(iterator.get_next())
-            # Compute on the replica's device; variables where the placement outside puts them (the ps).
-            with tf1.variable_scope(tf1.get_variable_scope(), reuse=k > 0), tf1.name_scope(f"replica_{k}"), \
-                    tf1.device(tower_device_fn(device, place_variables=False)):
-                specs.append(call_estimator_model_fn(model_fn, features, labels, ModeKeys.TRAIN, params, config))
-    updates = _apply_once(recorded, collective)
+
+    def replica(k):
+        batch = (features, labels) if k == 0 else split_element(iterator.get_next())
+        return call_estimator_model_fn(model_fn, *batch, ModeKeys.TRAIN, params, config)
+
+    specs, updates = on_towers(replica, devices, collective)
     first = specs[0]
     loss = tf.add_n([s.loss for s in specs]) / len(specs)        # TF 1.x reported the replicas' mean loss
     train_op = tf.group(*updates, *[s.train_op for s in specs], name="replicas_train_op")

@@ -32,7 +32,7 @@ from ..training.input_position import input_position
 from ..training.loop import run_loop
 from ..training.timer import Every
 from .calls import call_input_fn, call_estimator_model_fn
-from .replicas import build_collective, build_replicas, collective_of, input_context, replicas_of, towers_for
+from .replicas import build_collective, build_replicas, collective_of, input_context, towers_of
 from .spec import ModeKeys
 from .warm_start import apply as apply_warm_start
 
@@ -122,11 +122,11 @@ class GlobalStepGuard(Hook):
                                "tf.compat.v1.train.get_global_step())")
 
 
-def _session_config(config, cluster):
+def _session_config(config, cluster, towers=None):
     """The user's ConfigProto, with the cluster's device filters and soft placement when it sets neither."""
     base = cluster.session_config() if cluster is not None else tf1.ConfigProto(allow_soft_placement=True)
-    if replicas_of(config) > 1:
-        towers_for(config).configure(base)      # N virtual CPU devices for N replicas without GPUs
+    if towers is not None:
+        towers.configure(base)      # N virtual CPU devices for N replicas without GPUs
     if config.session_config is None:
         return base
     mine = tf1.ConfigProto()
@@ -148,6 +148,7 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
                              "use tf.estimator.train_and_evaluate, which gives every task its role")
     rerun_in_every_session()     # queue runners and the SyncReplicasOptimizer hook run steps of their own
     collective = collective_of(config)
+    towers = towers_of(config)          # several replicas in each training process, or None
     # With all-reduce every worker initialises its own copy (then takes worker 0's); only the chief saves.
     run = RunAssembly(cluster, name=None if cluster is not None else "estimator", checkpoint_dir=estimator.model_dir,
                       should_init=collective.should_init if collective is not None else None,
@@ -157,16 +158,16 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
         server_config = None
         if collective is not None:
             server_config = collective.configure(cluster.session_config())
-        if replicas_of(config) > 1:       # each worker's replicas on its (virtual) devices
-            server_config = towers_for(config).configure(server_config or cluster.session_config())
+        if towers is not None:       # each worker's replicas on its (virtual) devices
+            server_config = towers.configure(server_config or cluster.session_config())
         run.serve(server_config)
     run.prepare()
     graph = tf1.Graph()
     with graph.as_default():
         setter = device_fn(config, cluster, collective)      # one, for the model and the hooks: it counts bytes
-        train_graph, spec, init_local, iterator = _build(estimator, input_fn, cluster, setter, collective)
+        train_graph, spec, init_local, iterator = _build(estimator, input_fn, cluster, setter, collective, towers)
         session, all_hooks = _session(estimator, run, train_graph, spec, init_local, list(hooks or ()),
-                                      saving_listeners, collective)
+                                      saving_listeners, collective, towers)
         all_hooks += input_position(iterator, run.checkpoint_dir, train_graph.global_step, run.name,
                                     save_steps=config.save_checkpoints_steps, save_secs=config.save_checkpoints_secs,
                                     keep=(config.keep_checkpoint_max or 3) + 2)
@@ -197,9 +198,9 @@ def device_fn(config, cluster, collective=None):
     return config.device_fn
 
 
-def _build(estimator, input_fn, cluster, setter, collective=None):
+def _build(estimator, input_fn, cluster, setter, collective=None, towers=None):
     """The training graph: global step and model on the ps (by bytes), input on this worker's CPU; with
-    ``collective``, every variable on this worker's own copy."""
+    ``collective``, every variable on this worker's own copy; with ``towers``, a replica on each."""
     config = estimator.config
     if config.tf_random_seed is not None:
         tf1.set_random_seed(config.tf_random_seed)
@@ -213,9 +214,8 @@ def _build(estimator, input_fn, cluster, setter, collective=None):
     # (docs/embeddings.md); a RunConfig's own device_fn places as it says, whole.
     spread = spread_over_ps(cluster) if isinstance(setter, ByteBalancedSetter) else contextlib.nullcontext()
     with tf1.device(setter), spread:
-        if replicas_of(config) > 1:
-            spec = build_replicas(estimator.model_fn, iterator, features, labels, params, config, towers_for(config),
-                                  collective)
+        if towers is not None:
+            spec = build_replicas(estimator.model_fn, iterator, features, labels, params, config, towers, collective)
         elif collective is not None:
             spec = build_collective(estimator.model_fn, features, labels, params, config, collective)
         else:
@@ -232,7 +232,7 @@ def _build(estimator, input_fn, cluster, setter, collective=None):
     return TrainGraph(runner, global_step, spec.loss, hooks=hooks), spec, init_local, iterator
 
 
-def _session(estimator, run, train_graph, spec, init_local, hooks, saving_listeners, collective=None):
+def _session(estimator, run, train_graph, spec, init_local, hooks, saving_listeners, collective=None, towers=None):
     """The TrainingSession and every hook of the run, the chief's saving ones included."""
     config = estimator.config
     scaffold = spec.scaffold
@@ -247,7 +247,7 @@ def _session(estimator, run, train_graph, spec, init_local, hooks, saving_listen
         if config.save_summary_steps and summary_op is not None:
             summary = SummaryHook(writer, summary_op, config.save_summary_steps)
     local_init = list(init_local) + ([scaffold.local_init_op] if scaffold.local_init_op is not None else [])
-    session_config = _session_config(config, run.cluster)
+    session_config = _session_config(config, run.cluster, towers)
     if collective is not None:
         collective.configure(session_config)
     session = run.session(train_graph, config=session_config, saver=saver, extra_local_init=local_init,

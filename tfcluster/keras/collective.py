@@ -40,10 +40,8 @@ def request(model) -> None:
 
 def strategy_for(model, cluster):
     """tfcluster's collective strategy on ``cluster``'s trainers if ``model`` asked for all-reduce, else None."""
-    if not getattr(model, REQUEST, False) or cluster is None or cluster.num_replicas < 2 or cluster.num_tasks("ps"):
-        return None
-    from ..strategies.collective import CollectiveAllReduceStrategy
-    return CollectiveAllReduceStrategy().bind(cluster)
+    from .. import strategies
+    return strategies.for_request("collective" if getattr(model, REQUEST, False) else None, cluster)
 
 
 def worker_batch(batch_size, n: int, x) -> int:

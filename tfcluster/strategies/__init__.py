@@ -15,6 +15,7 @@ one :func:`register` line below.
 - :mod:`.sync_run`: running it, every wait bounded and named;
 - :mod:`.sync_replicas`: TF 1.x's ``SyncReplicasOptimizer`` API on that same step;
 - :mod:`.collective`: between-graph all-reduce with no ps (MultiWorkerMirroredStrategy).
+- :mod:`.recorded`: a model that makes its own update (an Estimator's ``model_fn``) on towers or all-reduce.
 """
 
 import functools
@@ -34,7 +35,8 @@ from .towers import Towers
 
 __all__ = ["Strategy", "LocalStrategy", "ParameterServerStrategy", "MirroredStrategy", "CentralStorageStrategy",
            "CollectiveAllReduceStrategy", "Towers", "TrainGraph", "StepRunner", "StepResult", "Hook",
-           "SyncStallError", "CollectiveError", "get", "register", "names", "canonical", "default_name", "STRATEGY_ENV",
+           "SyncStallError", "CollectiveError", "get", "register", "names", "canonical", "default_name", "for_request",
+           "STRATEGY_ENV",
            # the model contract (tfcluster.graph.model), here too for model functions written against it
            "Mode", "ModelOutput", "ModelFnError", "InputContext", "ReplicaContext", "replica_loss"]
 
@@ -106,3 +108,16 @@ def default_name(cluster) -> str:
     if cluster is None or (cluster.num_replicas == 1 and not cluster.num_tasks("ps")):
         return "local"
     return "async" if cluster.num_tasks("ps") else "collective"
+
+
+def for_request(kind, cluster, idle_ps: bool = False):
+    """What a TF 1.x program's strategy request of ``kind`` (``tf.contrib.distribute``'s: collective, ps,
+    mirrored) becomes on ``cluster`` under a front end that builds its own graph (the Estimator, tf-keras).
+
+    All-reduce across several trainers: the registered collective strategy, bound (``idle_ps``: ps tasks may be
+    there, holding nothing). Anything else: None, for one process's towers, or the ps tasks as TF 1.x's
+    between-graph replication used them.
+    """
+    if kind != "collective" or cluster is None or cluster.num_replicas < 2 or (cluster.num_tasks("ps") and not idle_ps):
+        return None
+    return get("collective").bind(cluster, idle_ps=idle_ps)
