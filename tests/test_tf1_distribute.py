@@ -19,6 +19,15 @@ from conftest import base_env
 from test_tf1_gaps import run_tf1
 
 HERE = pathlib.Path(__file__).resolve().parent
+#: One-process reference runs by name: the cases of a parametrized test compare with the same run, made once.
+_REFERENCES = {}
+
+
+def reference(name, run):
+    """``run()``'s result, computed once for this module under ``name``."""
+    if name not in _REFERENCES:
+        _REFERENCES[name] = run()
+    return _REFERENCES[name]
 
 # The tutorial's Keras program (TF 1.11), with a seed so that two runs start from the same weights.
 # DISTRIBUTE is replaced by the compile argument under test.
@@ -93,6 +102,12 @@ print("RESULT " + json.dumps({"weights": [w.tolist() for w in model.get_weights(
 '''
 
 
+def keras_random_alone(tmp_path) -> dict:
+    r = run_tf1(tmp_path, KERAS_RANDOM.replace("DISTRIBUTE", ""))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(re.search(r"^RESULT (.*)$", r.stdout, re.M).group(1))
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("strategy", ["MirroredStrategy(num_gpus=2)", "MirroredStrategy(['/cpu:0', '/cpu:1'])"])
 def test_several_replicas_in_one_process_train_keras_as_one_process_on_the_global_batch(tmp_path, strategy):
@@ -103,9 +118,7 @@ def test_several_replicas_in_one_process_train_keras_as_one_process_on_the_globa
            "them, one update per step" in r.stderr, r.stderr[-2000:]
     # Each tower computes on its own device (its reads of the weights are colocated with them).
     assert towers["devices"] == ["/device:CPU:0", "/device:CPU:1"]
-    r = run_tf1(tmp_path, KERAS_RANDOM.replace("DISTRIBUTE", ""))
-    assert r.returncode == 0, r.stderr[-3000:]
-    alone = json.loads(re.search(r"^RESULT (.*)$", r.stdout, re.M).group(1))
+    alone = reference("keras alone", lambda: keras_random_alone(tmp_path))
     assert towers["updates"] == alone["updates"] == 20          # one update per step, from both towers
     for a, b in zip(towers["weights"], alone["weights"]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -216,7 +229,7 @@ def test_a_model_fn_on_two_replicas_trains_as_one_process_on_the_global_batch(tm
     assert re.search(r"^tfcluster: info: RunConfig\(train_distribute=\.\.\.\): MirroredStrategy: 2 replica\(s\) per "
                      r"worker on .*, one update per step from all of them$", r.stderr, re.M), r.stderr[-2000:]
     assert "model_fn runs on 2 tower(s) on /device:CPU:0, /device:CPU:1 (virtual CPU devices)" in r.stderr
-    _, one = custom_run(tmp_path, "None", 20)
+    one = reference("model_fn alone", lambda: custom_run(tmp_path, "None", 20)[1])
     assert replicas["global_step"] == one["global_step"] == 20        # one update per step, from both replicas
     for name in ("hidden/kernel", "out/kernel", "out/bias"):
         np.testing.assert_allclose(replicas[name], one[name], rtol=2e-5, atol=1e-6)
