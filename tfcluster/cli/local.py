@@ -60,7 +60,9 @@ and its tasks cannot reach the network either. One line says which it is;
 another shell, needs that). A non-loopback --host or cluster turns it off too, as
 does a system that refuses network namespaces; --require-isolation makes either a
 one-line error before any task starts.
-The launcher's verdict on a failed run goes to stderr; everything else to stdout.""".format(
+The launcher's verdict on a failed run goes to stderr; everything else to stdout,
+ending with one line on how the run ended (its restarts; on a failure, the task,
+the exit code and the log dir).""".format(
     prefix=environment.OPTION_PREFIX, workers=environment.option_variable("--workers"),
     max_restarts=environment.option_variable("--max-restarts"),
     no_isolate=environment.option_variable("--no-isolate"))
