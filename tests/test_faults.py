@@ -130,7 +130,8 @@ def test_the_async_run_survives_a_killed_worker_and_a_killed_ps_and_reaches_its_
     marker = read_marker(run.ckpt)
     assert STEPS <= marker["global_step"] <= STEPS + 2, marker
     assert os.path.exists(os.path.join(run.ckpt, os.path.basename(marker["checkpoint"]) + ".index"))
-    assert run.matches(r"^\[tfcluster\] done: 2 trainer\(s\) succeeded$")
+    # The closing line counts the launcher's restarts of the killed ps and worker.
+    assert run.matches(r"^\[tfcluster\] done: 2 trainer\(s\) succeeded; restarts: ps:0 1, worker:1 1$"), run.tail(5)
     assert no_process_left(run.pids, timeout=10)
 
 

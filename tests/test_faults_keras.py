@@ -100,7 +100,8 @@ def keras_faults(tmp_path_factory):
 def test_a_keras_run_survives_a_killed_worker_and_a_killed_ps_and_every_task_ends(keras_faults):
     run = keras_faults
     assert run.code == 0, run.tail(60)
-    assert run.matches(r"^\[tfcluster\] done: 2 trainer\(s\) succeeded$")
+    # The closing line counts the launcher's restarts of the killed ps and worker.
+    assert run.matches(r"^\[tfcluster\] done: 2 trainer\(s\) succeeded; restarts: ps:0 1, worker:1 1$"), run.tail(5)
     assert no_process_left(run.pids, timeout=10)
     ends = [int(m.group(1)) for _, m in run.matches(r"\] worker:\d ends with updates (\d+)$")]
     assert len(ends) == 2 and ends[0] == ends[1]      # both programs' models end with the one update count
