@@ -180,9 +180,14 @@ def no_process_left(pids, timeout=5.0):
 # A test marked ``serial`` runs with no other test beside it: it measures seconds (a fault's detection, a
 # bound a user is promised) or owns what the machine has one of (network namespaces, Slurm). The
 # workers share a readers-writer lock: every test holds it shared, a serial test alone; a turnstile lets a
-# waiting serial test in before the next shared holder, so it never starves.
-#: How long a test waits for the lock: longer than any one test may run (pytest.ini's timeouts).
+# waiting serial test in before the next shared holder, so it never starves. A worker keeps the lock alone
+# from one serial test to the next of the same file: handing it over between them let the other worker run
+# one whole test each time while this one waited, a core idle for each of the suite's ~70 serial tests.
+#: How long a test waits for the lock: longer than any one test file's serial tests run (test_faults_users_hit's
+#: ~215 s in CI, the longest) plus one test of the other worker (pytest.ini's timeouts).
 LOCK_WAIT_SECS = 900
+#: This worker's exclusive hold, kept from a serial test to the next when it is the same file's.
+_KEPT = None
 
 
 def pytest_configure(config):
@@ -219,23 +224,35 @@ def _flock(path, mode, what):
             time.sleep(0.05)
 
 
+def _serial(item):
+    return item is not None and item.get_closest_marker("serial") is not None
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)    # outermost: the wait is not part of the test's timeout
 def pytest_runtest_protocol(item, nextitem):
     """Run the test holding the run's lock: shared, or alone when it is marked serial."""
+    global _KEPT
     if "lock_dir" not in getattr(item.config, "workerinput", {}):
         return (yield)
     root = pathlib.Path(item.config.workerinput["lock_dir"])
-    serial = item.get_closest_marker("serial") is not None
-    turnstile = _flock(root / "serial.turnstile", fcntl.LOCK_EX, "the other worker's serial test")
-    try:
-        held = _flock(root / "serial.lock", fcntl.LOCK_EX if serial else fcntl.LOCK_SH,
-                      "the other worker's test to end" if serial else "the other worker's serial test")
-    finally:
-        turnstile.close()
+    serial = _serial(item)
+    if _KEPT is not None:                 # the previous test was this file's serial test, and so is this one
+        held, _KEPT = _KEPT, None
+    else:
+        turnstile = _flock(root / "serial.turnstile", fcntl.LOCK_EX, "the other worker's serial test")
+        try:
+            held = _flock(root / "serial.lock", fcntl.LOCK_EX if serial else fcntl.LOCK_SH,
+                          "the other worker's test to end" if serial else "the other worker's serial test")
+        finally:
+            turnstile.close()
     try:
         return (yield)
     finally:
-        held.close()
+        # xdist's worker knows its next test before it runs this one, so nextitem is the one that follows.
+        if serial and _serial(nextitem) and nextitem.path == item.path:
+            _KEPT = held
+        else:
+            held.close()
 
 
 def pytest_collection_modifyitems(items):

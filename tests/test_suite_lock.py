@@ -1,0 +1,65 @@
+"""The suite's own rule for parallel runs (tests/conftest.py): a serial test runs with no other test beside it,
+and one file's serial tests run back to back, so the other worker waits once per file, not once per test.
+
+Each case runs a small suite of sleeping tests under pytest-xdist with this repo's conftest.py and pytest.ini's
+worker settings, and reads the order in which the tests started and ended.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, base_env
+
+SLEEPER = """
+import time, pytest
+{mark}
+@pytest.mark.parametrize("i", range({n}))
+def test_sleeps(i):
+    with open({log!r}, "a") as f:
+        f.write(f"{{time.time():.3f}} start {name}{{i}}\\n")
+    time.sleep(0.3)
+    with open({log!r}, "a") as f:
+        f.write(f"{{time.time():.3f}} end {name}{{i}}\\n")
+"""
+
+
+def ran(tmp_path, files):
+    """Run ``files`` (name -> (serial?, number of tests)) on two workers; the tests' starts and ends in order."""
+    shutil.copy(os.path.join(REPO, "tests", "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n    netns: namespaces\n"
+                                         "addopts = -n 2 --dist loadfile -p no:cacheprovider\n")
+    log = str(tmp_path / "log")
+    for name, (serial, n) in files.items():
+        mark = "pytestmark = pytest.mark.serial" if serial else ""
+        (tmp_path / f"test_{name}.py").write_text(SLEEPER.format(mark=mark, n=n, log=log, name=name))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=90, env=base_env())
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = sorted(open(log).read().split("\n")[:-1], key=lambda line: float(line.split()[0]))
+    return [line.split(None, 1)[1] for line in lines]
+
+
+@pytest.mark.timeout(120)
+def test_a_files_serial_tests_run_back_to_back_with_nothing_beside_them(tmp_path):
+    events = ran(tmp_path, {"alone": (True, 4), "left": (False, 4), "right": (False, 4)})
+    alone = [i for i, e in enumerate(events) if e.endswith(tuple(f"alone{k}" for k in range(4)))]
+    # Four serial tests: eight events in a row, each test's end before the next test's start.
+    assert alone == list(range(alone[0], alone[0] + 8)), events
+    assert events[alone[0]:alone[0] + 8] == [f"{edge} alone{k}" for k in range(4) for edge in ("start", "end")]
+    # The shared files' tests overlapped outside that stretch: two workers ran them side by side.
+    shared = events[:alone[0]] + events[alone[0] + 8:]
+    assert any(a.startswith("start") and b.startswith("start") for a, b in zip(shared, shared[1:])), events
+
+
+@pytest.mark.timeout(120)
+def test_two_files_serial_tests_each_run_whole_and_neither_waits_for_the_other_forever(tmp_path):
+    # The worker that holds one file's lock gives it up at the file's end; both files run, each in one piece.
+    events = ran(tmp_path, {"first": (True, 3), "second": (True, 3), "shared": (False, 6)})
+    for name in ("first", "second"):
+        mine = [i for i, e in enumerate(events) if re.search(rf" {name}\d$", e)]
+        assert mine == list(range(mine[0], mine[0] + 6)), events
