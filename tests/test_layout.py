@@ -52,11 +52,11 @@ LAYERS = [
                     ["estimator.estimator"], ["estimator.keras", "estimator.training", "estimator.canned"],
                     ["estimator"]]),
      ("keras", [["keras.step", "keras.checkpoints", "keras.towers", "keras.collective"], ["keras.session", "keras.graph"], ["keras.fit"], ["keras"]])],
-    [("launch", [["launch.memory"], ["launch.config", "launch.output", "launch.processes", "launch.result", "launch.task"],
+    [("launch", [["launch.memory", "launch.forked"], ["launch.config", "launch.output", "launch.processes", "launch.result", "launch.task"],
                  ["launch.isolation", "launch.plan"], ["launch.supervisor"], ["launch"]])],
     [("tf1", [["tf1.distribute", "tf1.slim"], ["tf1.contrib", "tf1.mnist", "tf1.mnist_model", "tf1.robust"], ["tf1.overrides"],
               ["tf1"],
-              ["tf1.__main__"]])],
+              ["tf1.__main__"], ["tf1.forkserver"]])],
     [("cli", [["cli.common"], ["cli.start", "cli.local", "cli.spec", "cli.status"], ["cli"]])],
     [("", [["__init__", "__main__"]])],
 ]

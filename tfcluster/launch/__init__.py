@@ -11,6 +11,8 @@ what torchrun is to PyTorch. The pipeline, in the order of its files:
   nothing left running at the end;
 - :mod:`.output`: whole lines from many tasks, and why a task failed;
 - :mod:`.isolation`: the cluster in its own loopback-only network namespace;
+- :mod:`.forked`: TF1-mode tasks forked from one process that imported
+  TensorFlow once (:mod:`tfcluster.tf1.forkserver`), instead of each importing it;
 - :mod:`.memory`: each ps in a memory cgroup of its own (``ps_memory``), and a
   ps the kernel killed for memory named as such;
 - :mod:`.result`: how a run ended (:class:`RunResult`): why, its exit code, each task's end;

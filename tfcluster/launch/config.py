@@ -56,6 +56,8 @@ class LaunchConfig:
     - ``ps_memory``: each ps task's memory limit, in bytes or as ``1500M``, ``1.5G`` (None: no limit): each
       runs in a memory cgroup of its own (needs root; :mod:`.memory`), and a ps the kernel kills for
       memory is named as such.
+    - ``fork_tf1``: TF1-mode tasks (``python -m tfcluster.tf1 SCRIPT``) are forked from one process that
+      imported TensorFlow once (:mod:`.forked`) instead of each importing it.
     - ``run_id``: the run's id (None: Slurm's job, else a new one); a Keras fit's default checkpoint dir
       is the run's, so the id of a stopped run resumes it.
     """
@@ -84,6 +86,7 @@ class LaunchConfig:
     timestamps: bool = False
     run_id: Optional[str] = None
     ps_memory: Optional[Union[int, str]] = None
+    fork_tf1: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "command", tuple(self.command))

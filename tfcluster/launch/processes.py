@@ -13,6 +13,7 @@ import collections
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import threading
@@ -23,6 +24,7 @@ from ..core import environment, posix
 from ..core.errors import TfclusterError
 from ..core.private import open_private
 from ..topology.cluster import Task
+from .forked import ForkServer, forkable as is_forkable
 
 log = logging.getLogger("tfcluster")
 
@@ -59,6 +61,38 @@ def _die_with(parent_pid: int, prctl):
     return preexec
 
 
+def start_tasks(procs, writer, interrupted):
+    """Start ``procs`` in order, each announced with its pid; stop starting when ``interrupted()`` turns true while
+    a TF1-mode task waits for the fork server's import (the supervisor then ends the run, saying why)."""
+    for p in procs:
+        if not p.start(writer, interrupted):
+            return
+        log.info("%s started (pid %d): %s", p.name, p.popen.pid, " ".join(shlex.quote(a) for a in p.argv))
+
+
+#: The fork server's own log, beside the tasks' in the run's log dir.
+FORK_SERVER_LOG = "tf1-forkserver.log"
+
+
+def fork_tf1_tasks(procs, log_dir: str):
+    """Start one :class:`~.forked.ForkServer` for the TF1-mode tasks among ``procs`` and have them forked from it;
+    returns it (None when no task's command is TF1 mode's). Started before any task, its one import overlaps the
+    ps tasks'."""
+    forkable = [p for p in procs if is_forkable(p.argv, p.env)]
+    if not forkable:
+        return None
+    prctl = posix.prctl()
+    # The server's environment is what every forked task's has in common (each gets its own at the fork).
+    common = {k: v for k, v in forkable[0].env.items() if all(p.env.get(k) == v for p in forkable[1:])}
+    server = ForkServer(common, os.path.join(log_dir, FORK_SERVER_LOG), die_with=_die_with(os.getpid(), prctl) if prctl else None)
+    server.start()
+    log.info("TF1 fork server started (pid %d): %s are forked from it once it has imported TensorFlow "
+             "(--no-fork: each imports its own)", server.pid, ", ".join(p.name for p in forkable))
+    for p in forkable:
+        p.forks = server
+    return server
+
+
 class TaskProcess:
     """One task of the local cluster: its command, its process, its log, its port."""
 
@@ -81,6 +115,7 @@ class TaskProcess:
         self._log_lock = threading.Lock()
         self.log_file = open_private(log_path, "wb")
         self.cgroup = None                  # a memory.Cgroup the process joins before it execs (--ps-memory)
+        self.forks = None                   # the run's ForkServer when this TF1-mode task is forked from it
 
     @property
     def is_trainer(self) -> bool:
@@ -92,9 +127,16 @@ class TaskProcess:
         """True from the start until the exit is seen."""
         return self.popen is not None and self.returncode is None
 
-    def start(self, writer):
-        """Start (or restart) the task's process; its lines go to ``writer`` (a LineWriter) and the log."""
+    def start(self, writer, interrupted=None) -> bool:
+        """Start (or restart) the task's process; its lines go to ``writer`` (a LineWriter) and the log. False
+        when ``interrupted()`` turned true while it waited for the fork server (nothing started)."""
         env = dict(self.env, **{environment.RESTART_COUNT.name: str(self.restarts)})
+        if self.forks is not None:
+            if not self.forks.wait_ready(interrupted or (lambda: False)):
+                return False
+            self.popen = self.forks.spawn(self.argv, env, self.cgroup.path if self.cgroup is not None else None)
+            self._started(writer)
+            return True
         try:
             # The death signal follows the thread that forks: start() always runs
             # on the launcher's supervising thread, which outlives every task.
@@ -107,6 +149,10 @@ class TaskProcess:
                                           preexec_fn=preexec)
         except OSError as e:
             raise TfclusterError(f"cannot start {self.name} ({self.argv[0]!r}): {e.strerror}") from None
+        self._started(writer)
+        return True
+
+    def _started(self, writer):
         self.returncode = None
         self.started_at = time.monotonic()
         self.tail.clear()
@@ -221,10 +267,13 @@ class TaskGroup:
         self.procs = procs
         self.subreaper = subreaper
         self.signals = signals      # the launcher's received signals: a second one means no more waiting
+        self.forks = None           # the TF1-mode tasks' ForkServer (fork_tf1_tasks), stopped after every task
 
     def own_pids(self) -> set:
-        """The pids of the tasks' own processes (leaders of their groups)."""
-        return {p.popen.pid for p in self.procs if p.popen is not None}
+        """The pids of the tasks' own processes (leaders of their groups), and of the fork server they came from
+        (not a leftover to stop: it stops with the group, after its tasks)."""
+        server = {self.forks.pid} if self.forks is not None and self.forks.pid is not None else set()
+        return {p.popen.pid for p in self.procs if p.popen is not None} | server
 
     def stop_leftovers(self, p: TaskProcess):
         """Kill what an exited task left behind (its group and every descendant we saw)."""
@@ -292,6 +341,8 @@ class TaskGroup:
             time.sleep(0.02)
         for p in procs:
             p.known = {pid: q for pid, q in p.known.items() if alive(q, own)}
+        if everything and self.forks is not None:
+            self.forks.stop()
 
     def become_subreaper(self):
         """Adopt the tasks' orphans (Linux's PR_SET_CHILD_SUBREAPER), where the system allows it."""

@@ -14,7 +14,6 @@ code in a :class:`~tfcluster.launch.result.RunResult`, with why the run ended an
 
 import logging
 import os
-import shlex
 import signal
 import threading
 import time
@@ -29,7 +28,7 @@ from .isolation import isolate_launch
 from .memory import MemoryLimits, ps_memory_limits
 from .output import LineWriter, failure_cause
 from .plan import PS_STATE_FILE, make_log_dir, plan_resources, plan_tasks, planned_tasks
-from .processes import TaskGroup
+from .processes import TaskGroup, fork_tf1_tasks, start_tasks
 from .result import Ending, RunResult, TaskResult
 
 log = logging.getLogger("tfcluster")
@@ -54,6 +53,7 @@ class LocalLauncher:
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self._chief_done_at: Optional[float] = None
+        self._deadline: Optional[float] = None          # --timeout's end (monotonic)
         self._join_hinted = False
         self.group = TaskGroup(self.procs, config.subreaper, self._signals)
 
@@ -95,10 +95,11 @@ class LocalLauncher:
             self.procs.extend(procs)
             if self.memory is not None:
                 self.memory.place(self.procs, os.path.join(log_dir, PS_STATE_FILE))
+            self.group.forks = fork_tf1_tasks(self.procs, log_dir) if self.config.fork_tf1 else None  # before the ps
             log.info("cluster: %s", ", ".join(f"{t} {self.cluster.address(t)}" for t in self.cluster.tasks()))
-            for p in self.procs:
-                p.start(self.writer)
-                log.info("%s started (pid %d): %s", p.name, p.popen.pid, " ".join(shlex.quote(a) for a in p.argv))
+            # --timeout counts from here: a TF1 run's tasks may wait for the fork server's import.
+            self._deadline = None if self.config.timeout is None else time.monotonic() + self.config.timeout
+            start_tasks(self.procs, self.writer, self._stopping)
             watcher = threading.Thread(target=self._release_ports_when_up, name="tfcluster-ports", daemon=True)
             watcher.start()
             end = self._supervise()
@@ -122,11 +123,10 @@ class LocalLauncher:
 
     def _supervise(self) -> tuple:
         """``(Ending, exit code, the task that ended the run or None)``."""
-        deadline = None if self.config.timeout is None else time.monotonic() + self.config.timeout
         trainers = [p for p in self.procs if p.is_trainer]
         last_look = 0.0
         while True:
-            end = self._check_interrupts(deadline)
+            end = self._check_interrupts(self._deadline)
             if end is not None:
                 return end
             now = time.monotonic()
@@ -144,7 +144,7 @@ class LocalLauncher:
             if all(p.returncode == 0 for p in trainers) or self._left_in_join(trainers):
                 break
             time.sleep(_POLL)
-        return self._finish(trainers, deadline)
+        return self._finish(trainers, self._deadline)
 
     def _finish(self, trainers, deadline) -> tuple:
         """The trainers are done: stop the rest, give the evaluator its grace, succeed."""
@@ -187,6 +187,10 @@ class LocalLauncher:
                      "server.join(), --join-grace S stops them S seconds after the chief", chief.name,
                      ", ".join(running))
         return False
+
+    def _stopping(self) -> bool:
+        """True once a signal came or --timeout passed (:meth:`_check_interrupts` says which)."""
+        return bool(self._signals) or self._deadline is not None and time.monotonic() >= self._deadline
 
     def _check_interrupts(self, deadline) -> Optional[tuple]:
         if self._signals:

@@ -19,7 +19,8 @@ Importing this package does not import TensorFlow. Its modules:
 :mod:`.contrib` (``tf.contrib``), :mod:`.distribute` (its strategies), :mod:`.slim` (tf-slim's names), :mod:`.mnist` (the tutorials' ``input_data``),
 :mod:`.mnist_model` (the tutorials' ``mnist.py`` model), :mod:`.overrides`
 (the names served instead of ``tf.compat.v1``'s), :mod:`.robust` (the session
-fixes) and ``__main__`` (``python -m tfcluster.tf1 script.py``).
+fixes), ``__main__`` (``python -m tfcluster.tf1 script.py``) and :mod:`.forkserver` (TF1-mode tasks
+forked from one process that imported all of this once, for ``tfcluster local --tf1``).
 """
 
 import importlib.abc

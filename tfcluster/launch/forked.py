@@ -1,0 +1,186 @@
+"""TF1-mode tasks forked from one preloaded process instead of each importing TensorFlow (the launcher's side).
+
+``tfcluster local --tf1`` starts :mod:`tfcluster.tf1.forkserver` once; each
+TF1-mode task (``python -m tfcluster.tf1 SCRIPT ...`` with this launcher's
+Python) is then a fork of it, whose script starts without importing
+TensorFlow again. A :class:`ForkedProcess` stands where a ``subprocess.Popen``
+stands for other tasks (pid, output pipe, ``poll``): its pid leads its own
+process group, is a real process the launcher signals as any other, and stays
+unreaped by the server until the launcher has seen its exit, so the pid the
+launcher signals is never another process's. This module imports no TensorFlow.
+"""
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from ..core.errors import TfclusterError
+
+log = logging.getLogger("tfcluster")
+
+#: How long the server may take to import TensorFlow and the rest (seconds); a task's own import has no bound
+#: either, but a server that never answers must not hang the run.
+READY_TIMEOUT = 300.0
+MESSAGE_BYTES = 1 << 20
+#: Variables that describe one task, never the server that imports for all of them.
+TASK_ONLY = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
+
+
+def forkable(argv, env) -> bool:
+    """True for a TF1-mode task's command a fork of the server can run: TF1 mode and a script (not
+    --session-fixes-only, whose TensorFlow is TF 2's) under this launcher's Python (``python`` found on the
+    task's PATH in the launcher's own bin folder: the same interpreter and site-packages)."""
+    argv = list(argv)
+    if len(argv) < 4 or argv[1:3] != ["-m", "tfcluster.tf1"] or argv[3].startswith("-"):
+        return False
+    found = shutil.which(argv[0], path=env.get("PATH"))
+    if found is None or os.path.dirname(os.path.abspath(found)) != os.path.dirname(os.path.abspath(sys.executable)):
+        return False
+    try:
+        return os.path.samefile(found, sys.executable)
+    except OSError:
+        return False
+
+
+class ForkServer:
+    """The run's preloaded process: started once, it forks each TF1-mode task on request."""
+
+    def __init__(self, env: dict, log_path: str, die_with=None):
+        self.env = {k: v for k, v in env.items() if k not in TASK_ONLY}
+        self.log_path = log_path
+        self._die_with = die_with          # a preexec step: the server dies with the launcher
+        self._sock: Optional[socket.socket] = None
+        self._popen: Optional[subprocess.Popen] = None
+        self._lock = threading.Lock()
+        self._ready = False
+        self._exits = {}                   # pid -> returncode, seen but not yet taken by its ForkedProcess
+        self._gone = False
+
+    def start(self):
+        """Start the server; it imports in the background while the launcher starts the other tasks."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with open(self.log_path, "ab") as out:
+            self._popen = subprocess.Popen([sys.executable, "-m", "tfcluster.tf1.forkserver", str(theirs.fileno())],
+                                           env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+                                           stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()],
+                                           start_new_session=True, preexec_fn=self._die_with)
+        theirs.close()
+        self._sock = mine
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The server's pid once started."""
+        return self._popen.pid if self._popen is not None else None
+
+    def _receive(self, timeout: Optional[float]):
+        """One message from the server (None on timeout); marks the server gone on EOF."""
+        self._sock.settimeout(timeout)
+        try:
+            data = self._sock.recv(MESSAGE_BYTES)
+        except (socket.timeout, BlockingIOError):
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            self._gone = True
+            return None
+        message = json.loads(data)
+        if "exit" in message:
+            self._exits[message["exit"]] = message["code"]
+        return message
+
+    def wait_ready(self, interrupted) -> bool:
+        """Wait for the server's imports (bounded by READY_TIMEOUT); False when ``interrupted()`` turns true first."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        with self._lock:
+            while not self._ready:
+                if interrupted():
+                    return False
+                left = deadline - time.monotonic()
+                if self._gone:
+                    raise TfclusterError(f"the TF1 fork server ended before it was ready; see its log: "
+                                         f"{self.log_path}")
+                if left <= 0:
+                    raise TfclusterError(f"the TF1 fork server did not import TensorFlow within "
+                                         f"{READY_TIMEOUT:g}s; see its log: {self.log_path}")
+                message = self._receive(min(left, 0.2))
+                if message is not None and "error" in message:
+                    self._gone = True
+                    raise TfclusterError(f"the TF1 fork server cannot import TF1 mode: {message['error']}")
+                self._ready = bool(message and message.get("ready"))
+        return True
+
+    def spawn(self, argv, env: dict, cgroup: Optional[str] = None) -> "ForkedProcess":
+        """Fork the task ``argv`` (a :func:`forkable` command) in ``env``, once the server is ready; its output on
+        a new pipe."""
+        self.wait_ready(lambda: False)
+        with self._lock:
+            read_end, write_end = os.pipe()
+            request = {"argv": list(argv)[3:], "env": dict(env), "cwd": os.getcwd(), "cgroup": cgroup}
+            try:
+                socket.send_fds(self._sock, [json.dumps({"spawn": request}).encode()], [write_end])
+            except OSError as e:
+                os.close(read_end)
+                raise TfclusterError(f"the TF1 fork server is gone ({e.strerror}); see its log: "
+                                     f"{self.log_path}") from None
+            finally:
+                os.close(write_end)
+            while True:
+                message = self._receive(30.0)
+                if message is not None and "pid" in message:
+                    return ForkedProcess(self, message["pid"], os.fdopen(read_end, "rb", buffering=0))
+                if self._gone or message is None:
+                    os.close(read_end)
+                    raise TfclusterError(f"the TF1 fork server did not fork the task; see its log: {self.log_path}")
+
+    def returncode(self, pid: int) -> Optional[int]:
+        """``pid``'s returncode once the server said it ended (then reaped), else None."""
+        with self._lock:
+            while pid not in self._exits and not self._gone:
+                if self._receive(0.0) is None:
+                    break
+            if pid in self._exits:
+                code = self._exits.pop(pid)
+                try:
+                    self._sock.send(json.dumps({"reap": pid}).encode())
+                except OSError:
+                    pass
+                return code
+            if self._gone:
+                # The server died, and its tasks with it (PR_SET_PDEATHSIG): as killed.
+                return -9
+            return None
+
+    def stop(self):
+        """Close the server's socket: it kills what is left of its tasks and exits (at once while it imports)."""
+        if self._sock is not None:
+            self._sock.close()
+        if self._popen is not None:
+            if not self._ready:
+                self._popen.kill()
+            try:
+                self._popen.wait(10.0)
+            except subprocess.TimeoutExpired:
+                self._popen.kill()
+                self._popen.wait()
+
+
+class ForkedProcess:
+    """A task forked by the server, as a Popen: ``pid`` (its group), ``stdout`` (its output), ``poll()``."""
+
+    def __init__(self, server: ForkServer, pid: int, stdout):
+        self.server, self.pid, self.stdout = server, pid, stdout
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        """The returncode once the task has ended (-S for death by signal S), else None."""
+        if self.returncode is None:
+            self.returncode = self.server.returncode(self.pid)
+        return self.returncode

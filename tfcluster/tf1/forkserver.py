@@ -1,0 +1,231 @@
+"""``python -m tfcluster.tf1.forkserver FD``: TF1 mode's tasks, forked from one process that imported TensorFlow.
+
+A TF1-mode task spends ~8 s of CPU importing TensorFlow, tf-keras and the
+Estimator before its script's first line (docs/map.md). ``tfcluster local
+--tf1`` starts this server once per run; it imports all of that once and
+forks each TF1-mode task from itself, so a task's script starts within a
+fraction of a second and a 2-core laptop does not import TensorFlow once per
+task (the launcher's side: :mod:`tfcluster.launch.forked`).
+
+Nothing TF1 mode changes is done here: a forked task runs
+``python -m tfcluster.tf1``'s own ``main`` in its own environment, so its
+patches are its own. Only the imports are shared: TensorFlow reads no
+task-specific variable at import (TF_CONFIG, CUDA_VISIBLE_DEVICES and the
+thread counts are read when the task builds its server, session or devices),
+and no TensorFlow runtime (devices, threads, gRPC) exists before the fork.
+
+The launcher talks over one ``SOCK_SEQPACKET`` socket (inherited as ``FD``),
+one JSON message each way per event:
+
+- the server says ``{"ready": true}`` once the imports are done (or
+  ``{"error": ...}`` and exits 2);
+- ``{"spawn": {"argv": [...], "env": {...}, "cwd": ..., "cgroup": ...}}``
+  with the task's output pipe attached (SCM_RIGHTS) is answered with
+  ``{"pid": N}``; the task is a session leader (its pid is its group), dies
+  with the server (PR_SET_PDEATHSIG), and its output and errors go to the pipe;
+- ``{"exit": N, "code": C}`` when task N ends (C as Popen's returncode: -S
+  for death by signal S); the task stays unreaped, so its pid cannot be
+  reused, until the launcher says ``{"reap": N}``.
+
+When the launcher closes the socket (or dies), the server kills what is left
+and exits.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+#: The largest message: a task's whole environment fits many times over.
+MESSAGE_BYTES = 1 << 20
+_PR_SET_PDEATHSIG = 1
+
+
+def _send(sock, message, fds=()):
+    data = json.dumps(message).encode()
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.send(data)
+
+
+#: What TF1 mode's install and runner import, besides TensorFlow.
+PRELOADED = ("tfcluster.estimator", "tfcluster.tf1.contrib", "tfcluster.tf1.overrides", "tfcluster.tf1.__main__")
+
+
+def _said(sock, message) -> bool:
+    """Send ``message``; False once the launcher is gone."""
+    try:
+        _send(sock, message)
+        return True
+    except OSError:
+        return False
+
+
+def preload():
+    """Import what every TF1-mode task imports before its script: TensorFlow, tf-keras, the Estimator, TF1 mode."""
+    import importlib
+    from ..topology.taskenv import import_tensorflow, prepare_this_process
+    prepare_this_process()
+    import_tensorflow()
+    for name in PRELOADED:
+        importlib.import_module(name)
+    try:
+        importlib.import_module("tf_keras")      # tf.layers' home in TF1 mode, where installed
+    except ImportError:
+        pass
+
+
+def _child(request, out_fd, sock, server_pid):
+    """In the forked task: become the task ``request`` describes, run TF1 mode's main, exit with its code."""
+    code = 1
+    try:
+        os.setsid()
+        from ..core import posix
+        prctl = posix.prctl()
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != server_pid:       # the server died before prctl took effect
+            os._exit(1)
+        sock.close()
+        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if request.get("cgroup"):
+            # Charged to its limit from here on, as a started task is from its first page (launch/memory.py).
+            try:
+                with open(os.path.join(request["cgroup"], "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError as e:
+                os.write(out_fd, f"tfcluster: error: cannot join memory cgroup {request['cgroup']}: "
+                                 f"{e.strerror}\n".encode())
+                os._exit(1)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(devnull)
+        os.close(out_fd)
+        os.chdir(request["cwd"])
+        kept = {k: os.environ[k] for k in _SET_BY_PRELOAD if k in os.environ}
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ.update(kept)
+        # The same stream objects (loggers made at import hold them), now on the task's pipe; buffered as
+        # `python` would buffer them in the task's environment.
+        sys.stdout.reconfigure(line_buffering=True, write_through=bool(os.environ.get("PYTHONUNBUFFERED")))
+        sys.stderr.reconfigure(line_buffering=True, write_through=True)
+        _reseed()
+        from .__main__ import main
+        try:
+            code = main(request["argv"])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if e.code is not None and not isinstance(e.code, int):
+                sys.stderr.write(f"{e.code}\n")
+        except KeyboardInterrupt:
+            code = 128 + signal.SIGINT
+        except BaseException:  # noqa: BLE001 - as the interpreter does: the traceback, exit 1
+            import traceback
+            traceback.print_exc()
+            code = 1
+        import atexit
+        atexit._run_exitfuncs()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
+
+
+#: Variables TF1 mode's preparation sets before TensorFlow is imported; a forked task keeps them.
+_SET_BY_PRELOAD = ("TF_USE_LEGACY_KERAS",)
+
+
+def _reseed():
+    """Give the task its own random streams: a fork copies the server's (Python's and NumPy's global ones)."""
+    import random
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
+
+
+def _returncode(pid):
+    """The exit of ``pid`` as Popen's returncode if it has ended, else None; the task stays unreaped."""
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def serve(sock):
+    """Answer the launcher until it closes the socket; returns the exit code."""
+    server_pid = os.getpid()
+    running, ended = set(), set()
+    while True:
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        for pid in sorted(running - ended):
+            code = _returncode(pid)
+            if code is not None:
+                ended.add(pid)
+                if not _said(sock, {"exit": pid, "code": code}):
+                    readable = None
+                    break
+        if readable is None:
+            break
+        if not readable:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 1)
+        except OSError:
+            break
+        if not data:
+            break
+        message = json.loads(data)
+        if "reap" in message:
+            pid = message["reap"]
+            if pid in ended:
+                os.waitpid(pid, 0)
+                running.discard(pid)
+                ended.discard(pid)
+            continue
+        request = message["spawn"]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(request, fds[0], sock, server_pid)
+        os.close(fds[0])
+        running.add(pid)
+        if not _said(sock, {"pid": pid}):
+            break
+    for pid in running:             # the launcher is gone: nothing it started outlives it
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    return 0
+
+
+def main(argv=None) -> int:
+    """Preload, say ready, serve the launcher on the inherited socket."""
+    argv = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(argv[0]))
+    try:
+        preload()
+    except Exception as e:  # noqa: BLE001 - the launcher names it in one line
+        _said(sock, {"error": f"{type(e).__name__}: {e}"})
+        return 2
+    return serve(sock) if _said(sock, {"ready": True}) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
