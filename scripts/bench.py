@@ -216,6 +216,24 @@ def import_cost(kind):
     return usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
 
 
+def tf1_run_cost(fork):
+    """``(wall seconds, CPU seconds)`` of ``tfcluster local --tf1`` (1 ps + 2 workers) running a script that only
+    imports TensorFlow: the start and end of a TF1 cluster, with its tasks forked or each importing its own."""
+    with tempfile.TemporaryDirectory(prefix="tfcbench-tf1-") as tmp:
+        script = os.path.join(tmp, "empty.py")
+        with open(script, "w") as f:
+            f.write("import tensorflow as tf\nprint(tf.__version__)\n")
+        t = time.monotonic()
+        p = subprocess.Popen([PY, "-m", "tfcluster", "local", "--tf1", "--ps", "1", "--workers", "2", "--log-dir",
+                              os.path.join(tmp, "logs")] + ([] if fork else ["--no-fork"]) + ["--", PY, script],
+                             env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
+        _, status, usage = os.wait4(p.pid, 0)       # the launcher, and every process it and they reaped
+        if os.waitstatus_to_exitcode(status):
+            raise RuntimeError(f"tfcluster local --tf1 {'' if fork else '--no-fork '}exited "
+                               f"{os.waitstatus_to_exitcode(status)}")
+        return time.monotonic() - t, usage.ru_utime + usage.ru_stime
+
+
 def digits_accuracy(mode, wire):
     """The README example's test accuracy after training on 1 ps + 2 workers with this wire."""
     ckpt = tempfile.mkdtemp(prefix="tfcbench-digits-")
@@ -362,7 +380,8 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
                 runs[name].append(None)  # keeps every row's repeats aligned for the paired ratios
                 print(f"bench: {name} rep {rep + 1} failed: {str(e).splitlines()[0]}", flush=True)
     extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={},
-                 import_cpu={kind: [] for kind in IMPORTS}, import_rss={kind: [] for kind in IMPORTS})
+                 import_cpu={kind: [] for kind in IMPORTS}, import_rss={kind: [] for kind in IMPORTS},
+                 tf1_cpu={"fork": [], "no_fork": []}, tf1_wall={"fork": [], "no_fork": []})
     pull_mb = 16 if quick else 64
     for rep in range(reps):
         extra["tf_import"].append(tf_import_seconds())
@@ -370,6 +389,10 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
             cpu, rss = import_cost(kind)
             extra["import_cpu"][kind].append(cpu)
             extra["import_rss"][kind].append(rss)
+        for fork in (True, False) if rep % 2 == 0 else (False, True):
+            wall, cpu = tf1_run_cost(fork)
+            extra["tf1_wall"]["fork" if fork else "no_fork"].append(wall)
+            extra["tf1_cpu"]["fork" if fork else "no_fork"].append(cpu)
         if only is not None and "pull" not in only:
             continue
         extra["tcp"].append(tcp_loopback_bps(pull_mb, 2.0 if quick else 4.0))

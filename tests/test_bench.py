@@ -26,6 +26,8 @@ def test_quick_bench_runs_and_writes_json_a_table_and_plots(tmp_path):
     assert doc["mode"] == "quick"
     assert doc["figures"]["P1 tfcluster async / raw TF1 async"]["median"] > 0
     assert doc["figures"]["W1 bfloat16 wire / float32 wire, async"]["median"] > 0
+    assert doc["figures"]["P9 a TF1 run's tasks forked / each importing TensorFlow: wall seconds"]["median"] > 0
+    assert set(doc["tf1_run_cpu_seconds"]) == {"fork", "no_fork"}
     assert doc["layouts"]["tfcluster_async"] == "2 workers, 1 ps"
     text = (tmp_path / "results.md").read_text()
     assert "| P1 tfcluster async / raw TF1 async |" in text and "with `python scripts/bench.py --quick" in text

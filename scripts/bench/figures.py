@@ -205,7 +205,8 @@ def _ctr(runs, thr, add, pair):
 
 
 def _startup(out, runs, extra, add):
-    """P5, P6 (seconds), P7 (pull speed), P8 (a hosted ps's import) and the README example's accuracy with each wire."""
+    """P5, P6 (seconds), P7 (pull speed), P8 (a hosted ps's import), P9 (TF1 tasks forked) and the README example's
+    accuracy with each wire."""
     if runs.get("tfcluster_async") and extra.get("tf_import"):
         imp = statistics.median(extra["tf_import"])
         add("P5 s launch to every first step (tfcluster)",
@@ -219,6 +220,12 @@ def _startup(out, runs, extra, add):
             "startup", "a trainer", "<= 0.85")
         add("P8 a hosted ps's TensorFlow import / a trainer's: peak memory", ratio(rss["ps"], rss["trainer"]),
             "startup", "a trainer", "<= 0.95")
+    tf1_cpu, tf1_wall = extra.get("tf1_cpu") or {}, extra.get("tf1_wall") or {}
+    if tf1_cpu.get("fork") and tf1_cpu.get("no_fork"):
+        add("P9 a TF1 run's tasks forked / each importing TensorFlow: CPU seconds (1 ps + 2 workers, empty script)",
+            ratio(tf1_cpu["fork"], tf1_cpu["no_fork"]), "startup", "--no-fork", "<= 0.8")
+        add("P9 a TF1 run's tasks forked / each importing TensorFlow: wall seconds",
+            ratio(tf1_wall["fork"], tf1_wall["no_fork"]), "startup", "--no-fork", "<= 0.9")
     if runs.get("tfcluster_async_autotune"):
         add("P6 with tf.data's autotune thread (the input's own choice)",
             [_teardown_seconds(r) for r in runs["tfcluster_async_autotune"]], "startup", "tfcluster", "peer", unit="s")

@@ -65,6 +65,8 @@ def write(out, thr, figs, extra, meta, traced) -> str:
                tcp_bytes_per_sec=summary(extra["tcp"]), tf_import_seconds=summary(extra["tf_import"]),
                import_cpu_seconds={k: summary(v) for k, v in (extra.get("import_cpu") or {}).items()},
                import_peak_bytes={k: summary(v) for k, v in (extra.get("import_rss") or {}).items()},
+               tf1_run_cpu_seconds={k: summary(v) for k, v in (extra.get("tf1_cpu") or {}).items()},
+               tf1_run_wall_seconds={k: summary(v) for k, v in (extra.get("tf1_wall") or {}).items()},
                accuracy=extra.get("accuracy") or {}, profiles=traced)
     with open(os.path.join(out, "results.json"), "w") as fh:
         json.dump(doc, fh, indent=2)
