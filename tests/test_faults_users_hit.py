@@ -293,3 +293,27 @@ def test_the_evaluator_skips_a_checkpoint_that_vanished_or_cannot_be_read(tmp_pa
     results = run_evaluator(job.make_model_fn(data), job.make_eval_input_fn(data), str(ckpt), poll_secs=0.1)
     assert [r["global_step"] for r in results] == [30]
     reliability("evaluator: unreadable checkpoints skipped", 2, "")
+
+
+def test_a_checkpoint_the_chief_deletes_while_the_evaluator_reads_it_is_still_evaluated(tmp_path):
+    # A chief that saves faster than the evaluator evaluates rotates each checkpoint away mid-read; the evaluator
+    # reads from hard links it made first (runtime/checkpoints.py pinned), so the evaluation still sees the files.
+    tf = pytest.importorskip("tensorflow")
+    sys.path.insert(0, HERE)
+    import _fit_job as job
+    from tfcluster.training.checkpoint_watch import watch_checkpoints
+    from tfcluster.training.train import fit
+    data = job.make_data(str(tmp_path / "data.npz"))
+    ckpt = tmp_path / "ckpt"
+    fit(job.make_model_fn(data), job.make_input_fn(data), steps=10, batch_size=32, checkpoint_dir=str(ckpt),
+        optimizer=lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5), save_checkpoint_steps=10,
+        save_checkpoint_secs=None, log_every_secs=60)
+    read = []
+
+    def evaluate(path, final):
+        for f in ckpt.glob("model.ckpt-10.*"):
+            f.unlink()                                  # the chief's rotation, while the evaluator reads
+        read.append(int(tf.train.load_checkpoint(path).get_tensor("global_step")))
+    watch_checkpoints(str(ckpt), evaluate, poll_secs=0.1, final_step=10)
+    assert read == [10]
+    assert not list(ckpt.glob(".tfcluster-reading-*"))        # the links go once it is read

@@ -6,6 +6,7 @@ their directory and no device inside them, so a single process restores them
 :data:`DONE_MARKER`, which tells the evaluator that no checkpoint will follow.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -105,6 +106,34 @@ def checkpoint_step(path: str) -> Optional[int]:
         return int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else None
     except Exception:  # a checkpoint without a readable step is still evaluable
         return None
+
+
+@contextlib.contextmanager
+def pinned(prefix: str):
+    """``prefix``'s files hard-linked into a private folder beside them for as long as they are read; yields the
+    pinned prefix, or ``prefix`` itself where links cannot be made (another file system, a file already gone).
+
+    The chief keeps its last few checkpoints and deletes older ones; an evaluator slower than that many saves read
+    every checkpoint after it was deleted and evaluated none. A link keeps the files' data until it goes too.
+    """
+    import glob
+    import shutil
+    files = glob.glob(glob.escape(prefix) + ".*")
+    pin_dir = None
+    if prefix + ".index" in files:
+        try:
+            pin_dir = tempfile.mkdtemp(prefix=".tfcluster-reading-", dir=os.path.dirname(prefix))
+            for f in files:
+                os.link(f, os.path.join(pin_dir, os.path.basename(f)))
+        except OSError:
+            if pin_dir is not None:
+                shutil.rmtree(pin_dir, ignore_errors=True)
+            pin_dir = None
+    try:
+        yield prefix if pin_dir is None else os.path.join(pin_dir, os.path.basename(prefix))
+    finally:
+        if pin_dir is not None:
+            shutil.rmtree(pin_dir, ignore_errors=True)
 
 
 def checkpoints_in(checkpoint_dir: str) -> list:

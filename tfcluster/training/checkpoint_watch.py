@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from ..core.errors import TfclusterError
 from ..runtime.checkpoints import (CheckpointUnreadable, checkpoint_exists, checkpoint_step, checkpoints_in,
-                                   read_done_marker)
+                                   pinned, read_done_marker)
 
 log = logging.getLogger("tfcluster")
 
@@ -75,12 +75,14 @@ def watch_checkpoints(checkpoint_dir: str, evaluate: Callable, *, timeout_secs: 
 
 
 def _evaluated(path: str, evaluate: Callable, final: bool) -> bool:
-    """Evaluate ``path``; False, with a warning, when it vanished or cannot be read."""
+    """Evaluate ``path`` (its files pinned, :func:`~tfcluster.runtime.checkpoints.pinned`); False, with a warning,
+    when it vanished or cannot be read."""
     if not checkpoint_exists(path):
         log.warning("evaluator: skipped %s: it was rotated away before it was read", os.path.basename(path))
         return False
     try:
-        evaluate(path, final)
+        with pinned(path) as readable:     # the chief's rotation cannot take it away while it is read
+            evaluate(readable, final)
         return True
     except CheckpointUnreadable as e:
         reason = str(e).split(": ", 1)[-1] if "cannot be read" in str(e) else \

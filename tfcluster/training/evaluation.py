@@ -147,7 +147,7 @@ def run_evaluator(model_fn, input_fn, checkpoint_dir, *, timeout_secs: float = E
 
     def evaluate(path, final):
         metrics = g.evaluate(path, steps)
-        metrics["checkpoint"] = path
+        metrics["checkpoint"] = os.path.join(checkpoint_dir, os.path.basename(path))     # not its pinned copy
         results.append(metrics)
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k not in ("global_step", "batches", "checkpoint"))
         log.info("evaluator: %s (global step %s): %s", os.path.basename(path), metrics["global_step"], shown)
