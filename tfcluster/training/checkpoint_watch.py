@@ -5,9 +5,10 @@ The evaluator runs outside the cluster (nobody waits for it, pitfalls item
 new checkpoint in turn; TF 1.x's ``train_and_evaluate`` evaluates the newest
 one when due (``start_delay_secs`` after the start, then at most every
 ``throttle_secs``). Both end once the final checkpoint is evaluated: the one
-the chief's done marker names, or one that reaches ``final_step``. A
-checkpoint that vanished (rotated away) or cannot be read (cut short) is
-skipped with a warning; with no new checkpoint and no done marker for
+the chief's done marker names, or one that reaches ``final_step``. Each
+checkpoint is read from hard links to its files, so the chief's rotation
+cannot delete it mid-read; one that vanished before it was linked, or cannot
+be read (cut short), is skipped with a warning; with no new checkpoint and no done marker for
 ``timeout_secs``, the evaluator gives up in one line.
 """
 
