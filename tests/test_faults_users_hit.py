@@ -276,17 +276,23 @@ def test_a_full_disk_fails_each_save_in_one_line_leaves_no_partial_checkpoint_an
     reliability("full disk: steps after the last good checkpoint, retrained", 30 - saved[-1], "steps")
 
 
-def test_the_evaluator_skips_a_checkpoint_that_vanished_or_cannot_be_read(tmp_path, reliability):
+def trained_checkpoints(tmp_path, steps):
+    """tests/_fit_job.py's model trained ``steps`` steps, a checkpoint every 10: ``(job, data, checkpoint dir)``."""
     tf = pytest.importorskip("tensorflow")
     sys.path.insert(0, HERE)
     import _fit_job as job
-    from tfcluster.training.evaluation import run_evaluator
     from tfcluster.training.train import fit
     data = job.make_data(str(tmp_path / "data.npz"))
     ckpt = tmp_path / "ckpt"
-    fit(job.make_model_fn(data), job.make_input_fn(data), steps=30, batch_size=32, checkpoint_dir=str(ckpt),
+    fit(job.make_model_fn(data), job.make_input_fn(data), steps=steps, batch_size=32, checkpoint_dir=str(ckpt),
         optimizer=lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5), save_checkpoint_steps=10,
         save_checkpoint_secs=None, log_every_secs=60)
+    return job, data, ckpt
+
+
+def test_the_evaluator_skips_a_checkpoint_that_vanished_or_cannot_be_read(tmp_path, reliability):
+    from tfcluster.training.evaluation import run_evaluator
+    job, data, ckpt = trained_checkpoints(tmp_path, 30)
     next(ckpt.glob("model.ckpt-10.data-*")).unlink()            # rotated away under the evaluator
     data20 = next(ckpt.glob("model.ckpt-20.data-*"))
     data20.write_bytes(data20.read_bytes()[:10])               # cut short
@@ -299,15 +305,8 @@ def test_a_checkpoint_the_chief_deletes_while_the_evaluator_reads_it_is_still_ev
     # A chief that saves faster than the evaluator evaluates rotates each checkpoint away mid-read; the evaluator
     # reads from hard links it made first (runtime/checkpoints.py pinned), so the evaluation still sees the files.
     tf = pytest.importorskip("tensorflow")
-    sys.path.insert(0, HERE)
-    import _fit_job as job
     from tfcluster.training.checkpoint_watch import watch_checkpoints
-    from tfcluster.training.train import fit
-    data = job.make_data(str(tmp_path / "data.npz"))
-    ckpt = tmp_path / "ckpt"
-    fit(job.make_model_fn(data), job.make_input_fn(data), steps=10, batch_size=32, checkpoint_dir=str(ckpt),
-        optimizer=lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5), save_checkpoint_steps=10,
-        save_checkpoint_secs=None, log_every_secs=60)
+    _, _, ckpt = trained_checkpoints(tmp_path, 10)
     read = []
 
     def evaluate(path, final):
