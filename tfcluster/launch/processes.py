@@ -84,7 +84,8 @@ def fork_tf1_tasks(procs, log_dir: str):
     prctl = posix.prctl()
     # The server's environment is what every forked task's has in common (each gets its own at the fork).
     common = {k: v for k, v in forkable[0].env.items() if all(p.env.get(k) == v for p in forkable[1:])}
-    server = ForkServer(common, os.path.join(log_dir, FORK_SERVER_LOG), die_with=_die_with(os.getpid(), prctl) if prctl else None)
+    server = ForkServer(common, os.path.join(log_dir, FORK_SERVER_LOG),
+                        die_with=_die_with(os.getpid(), prctl) if prctl else None)
     server.start()
     log.info("TF1 fork server started (pid %d): %s are forked from it once it has imported TensorFlow "
              "(--no-fork: each imports its own)", server.pid, ", ".join(p.name for p in forkable))
