@@ -117,27 +117,31 @@ class ForkServer:
                 self._ready = bool(message and message.get("ready"))
         return True
 
-    def spawn(self, argv, env: dict, cgroup: Optional[str] = None) -> "ForkedProcess":
-        """Fork the task ``argv`` (a :func:`forkable` command) in ``env``, once the server is ready; its output on
-        a new pipe."""
+    def spawn(self, argv, env: dict, cgroup: Optional[str] = None, cwd: Optional[str] = None,
+              stderr: bool = False) -> "ForkedProcess":
+        """Fork the task ``argv`` (a :func:`forkable` command) in ``env`` and ``cwd`` (default: ours), once the
+        server is ready; its output on a new pipe (``stderr``: its errors on a second one)."""
         self.wait_ready(lambda: False)
         with self._lock:
-            read_end, write_end = os.pipe()
-            request = {"argv": list(argv)[3:], "env": dict(env), "cwd": os.getcwd(), "cgroup": cgroup}
+            pipes = [os.pipe() for _ in range(2 if stderr else 1)]
+            request = {"argv": list(argv)[3:], "env": dict(env), "cwd": cwd or os.getcwd(), "cgroup": cgroup}
             try:
-                socket.send_fds(self._sock, [json.dumps({"spawn": request}).encode()], [write_end])
+                socket.send_fds(self._sock, [json.dumps({"spawn": request}).encode()], [w for _, w in pipes])
             except OSError as e:
-                os.close(read_end)
+                for r, _ in pipes:
+                    os.close(r)
                 raise TfclusterError(f"the TF1 fork server is gone ({e.strerror}); see its log: "
                                      f"{self.log_path}") from None
             finally:
-                os.close(write_end)
+                for _, w in pipes:
+                    os.close(w)
             while True:
                 message = self._receive(30.0)
                 if message is not None and "pid" in message:
-                    return ForkedProcess(self, message["pid"], os.fdopen(read_end, "rb", buffering=0))
+                    return ForkedProcess(self, message["pid"], *(os.fdopen(r, "rb", buffering=0) for r, _ in pipes))
                 if self._gone or message is None:
-                    os.close(read_end)
+                    for r, _ in pipes:
+                        os.close(r)
                     raise TfclusterError(f"the TF1 fork server did not fork the task; see its log: {self.log_path}")
 
     def returncode(self, pid: int) -> Optional[int]:
@@ -173,10 +177,11 @@ class ForkServer:
 
 
 class ForkedProcess:
-    """A task forked by the server, as a Popen: ``pid`` (its group), ``stdout`` (its output), ``poll()``."""
+    """A task forked by the server, as a Popen: ``pid`` (its group), ``stdout`` (its output; ``stderr`` when
+    spawned with its own), ``poll()``."""
 
-    def __init__(self, server: ForkServer, pid: int, stdout):
-        self.server, self.pid, self.stdout = server, pid, stdout
+    def __init__(self, server: ForkServer, pid: int, stdout, stderr=None):
+        self.server, self.pid, self.stdout, self.stderr = server, pid, stdout, stderr
         self.returncode: Optional[int] = None
 
     def poll(self) -> Optional[int]:

@@ -20,7 +20,8 @@ one JSON message each way per event:
 - the server says ``{"ready": true}`` once the imports are done (or
   ``{"error": ...}`` and exits 2);
 - ``{"spawn": {"argv": [...], "env": {...}, "cwd": ..., "cgroup": ...}}``
-  with the task's output pipe attached (SCM_RIGHTS) is answered with
+  with the task's output pipe attached (SCM_RIGHTS; or two, its stdout's and
+  its stderr's) is answered with
   ``{"pid": N}``; the task is a session leader (its pid is its group), dies
   with the server (PR_SET_PDEATHSIG), and its output and errors go to the pipe;
 - ``{"exit": N, "code": C}`` when task N ends (C as Popen's returncode: -S
@@ -78,8 +79,11 @@ def preload():
         pass
 
 
-def _child(request, out_fd, sock, server_pid):
-    """In the forked task: become the task ``request`` describes, run TF1 mode's main, exit with its code."""
+def _child(request, fds, sock, server_pid):
+    """In the forked task: become the task ``request`` describes, run TF1 mode's main, exit with its code.
+
+    ``fds``: the task's output pipe, or its stdout and its stderr pipes."""
+    out_fd, err_fd = fds[0], fds[-1]
     code = 1
     try:
         os.setsid()
@@ -99,15 +103,16 @@ def _child(request, out_fd, sock, server_pid):
                 with open(os.path.join(request["cgroup"], "cgroup.procs"), "w") as f:
                     f.write(str(os.getpid()))
             except OSError as e:
-                os.write(out_fd, f"tfcluster: error: cannot join memory cgroup {request['cgroup']}: "
+                os.write(err_fd, f"tfcluster: error: cannot join memory cgroup {request['cgroup']}: "
                                  f"{e.strerror}\n".encode())
                 os._exit(1)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
+        os.dup2(err_fd, 2)
         os.close(devnull)
-        os.close(out_fd)
+        for fd in set(fds):
+            os.close(fd)
         os.chdir(request["cwd"])
         kept = {k: os.environ[k] for k in _SET_BY_PRELOAD if k in os.environ}
         os.environ.clear()
@@ -180,7 +185,7 @@ def serve(sock):
         if not readable:
             continue
         try:
-            data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 1)
+            data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 2)
         except OSError:
             break
         if not data:
@@ -198,8 +203,9 @@ def serve(sock):
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(request, fds[0], sock, server_pid)
-        os.close(fds[0])
+            _child(request, fds, sock, server_pid)
+        for fd in fds:
+            os.close(fd)
         running.add(pid)
         if not _said(sock, {"pid": pid}):
             break
