@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+import forks
 from conftest import base_env
 from test_tf1_gaps import TF1
 
@@ -33,8 +34,7 @@ def picked_up(tmp_path_factory):
     base = tmp_path_factory.mktemp("canned_ckpt") / "models"
     shutil.copytree(FIXTURES, base)
     out = base.parent / "out.json"
-    r = subprocess.run(TF1 + [str(HERE / "programs" / "canned_restore.py"), str(base), str(out)],
-                       capture_output=True, text=True, env=base_env(), timeout=240, cwd=str(base.parent))
+    r = forks.run(TF1 + [HERE / "programs" / "canned_restore.py", base, out], base_env(), cwd=base.parent, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     return base, json.loads(out.read_text())
 

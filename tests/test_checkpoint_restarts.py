@@ -7,7 +7,6 @@ truncated for real.
 
 import importlib.util
 import os
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fit_job as job  # noqa: E402
 
 import tfcluster  # noqa: E402
+import forks
 from conftest import base_env  # noqa: E402
 from tfcluster.runtime.checkpoints import UNREADABLE_DIR, read_done_marker  # noqa: E402
 
@@ -143,7 +143,7 @@ except tf.errors.OpError as e:
 def test_a_truncated_keras_checkpoint_fails_to_restore_as_tf_says_a_file_is_unreadable(tmp_path):
     # What the chief's fallback (tests above) recognises: tf-keras's reader says it with an IndexError.
     (tmp_path / "restore.py").write_text(KERAS_RESTORE)
-    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", "restore.py", str(tmp_path)], capture_output=True,
-                       text=True, env=base_env(), cwd=str(tmp_path), timeout=120)
+    r = forks.run([sys.executable, "-m", "tfcluster.tf1", "restore.py", tmp_path], base_env(), cwd=tmp_path,
+                  timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "RAISED OutOfRangeError" in r.stdout

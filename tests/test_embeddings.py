@@ -9,12 +9,12 @@ click-through workload (scripts/bench/ctr.py --trace), so the test and the bench
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import forks
 from conftest import REPO, base_env, run_local
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -299,8 +299,8 @@ def test_a_tf1_table_saved_in_two_parts_restores_on_three_ps_on_one_ps_and_in_on
                               "python", script, "--checkpoint_dir", str(checkpoints), timeout=130)
         assert code == 0, out[-4000:]
         runs.append((_json_lines("RESTORED", out)[0], _json_lines("FINAL", out)[0]))
-    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", script, "--checkpoint_dir", str(checkpoints),
-                        "--steps", "0"], capture_output=True, text=True, timeout=120, env=base_env())
+    r = forks.run([sys.executable, "-m", "tfcluster.tf1", script, "--checkpoint_dir", checkpoints, "--steps", "0"],
+                  base_env(), timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     alone = _json_lines("RESTORED", r.stdout)[0]
     assert [(start["parts"], start["step"], end["step"]) for start, end in runs] == [(2, 0, 30), (3, 30, 60), (1, 60, 90)]

@@ -23,6 +23,7 @@ import sys
 import numpy as np
 import pytest
 
+import forks
 from conftest import TFCLUSTER, base_env, no_process_left
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -49,9 +50,8 @@ class Ran:
     def restore(self, model_dir, *more) -> dict:
         """What the program's model gives in one plain process, restored from ``model_dir``."""
         out = self.tmp / "restored.json"
-        r = subprocess.run([PY, "-m", "tfcluster.tf1", os.path.join(PROGRAMS, "restore.py"), self.program,
-                            str(model_dir), str(out), *map(str, more)], cwd=str(self.tmp), env=base_env(), capture_output=True,
-                           text=True, timeout=120)
+        r = forks.run([PY, "-m", "tfcluster.tf1", os.path.join(PROGRAMS, "restore.py"), self.program, model_dir, out,
+                       *more], base_env(), cwd=self.tmp, timeout=120)
         assert r.returncode == 0, r.stderr[-3000:]
         with open(out) as f:
             return json.load(f)

@@ -9,11 +9,11 @@ with ``sync_optimizer=SyncReplicasOptimizer``, model_deploy-style clones, and
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
+import forks
 from conftest import REPO, base_env, run_local
 
 SLIM_TRAIN = os.path.join(REPO, "tests", "legacy", "slim_train.py")
@@ -24,8 +24,7 @@ NOISE = ("Traceback", "closed FileWriter", "Issue encountered when serializing",
 
 
 def _tf1(tmp_path, *args, env=None, timeout=120):
-    return subprocess.run(TF1 + [str(a) for a in args], capture_output=True, text=True, env=env or base_env(),
-                          timeout=timeout, cwd=str(tmp_path))
+    return forks.run(TF1 + list(args), env or base_env(), cwd=tmp_path, timeout=timeout)
 
 
 def _steps(out):

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+import forks
 from conftest import REPO, base_env, run_cli, run_local
 from tfcluster.core.errors import DataError
 from tfcluster.data import load_digits, write_idx
@@ -221,18 +222,23 @@ if __name__ == "__main__":
 '''
 
 
-def _run_tf1(tmp_path, text, *args, env=None, timeout=120):
+def _run_tf1(tmp_path, text, *args, env=None, timeout=120, forked=True):
+    """``python -m tfcluster.tf1 script.py ARGS``: forked as tfcluster local --tf1 forks a task (tests/forks.py),
+    or started as typed."""
     script = tmp_path / "script.py"
     script.write_text(text)
-    return subprocess.run(TF1 + [str(script)] + [str(a) for a in args], capture_output=True, text=True,
-                          env=env or base_env(), timeout=timeout, cwd=str(tmp_path))
+    argv = TF1 + [str(script)] + [str(a) for a in args]
+    if forked:
+        return forks.run(argv, env or base_env(), cwd=tmp_path, timeout=timeout)
+    return subprocess.run(argv, capture_output=True, text=True, env=env or base_env(), timeout=timeout,
+                          cwd=str(tmp_path))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_tf1_script_sees_tf_compat_v1_with_contrib_flags_and_mnist(tmp_path, mnist_dir):
     args = ["--data_dir", mnist_dir] + (["--layers"] if HAS_TF_KERAS else [])
-    r = _run_tf1(tmp_path, PROBE, *args)
+    r = _run_tf1(tmp_path, PROBE, *args, forked=False)     # as typed: what the script sees when nothing was imported
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.split("PROBE ", 1)[1])
     assert out["name"] == "__main__"

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+import forks
 from conftest import REPO, base_env
 from tfcluster.topology.cluster import Cluster
 from tfcluster.topology.ports import pick_free_ports
@@ -32,8 +33,7 @@ LEGACY = os.path.join(REPO, "tests", "legacy")
 def run_tf1(tmp_path, text, *args, env=None, runner=TF1, timeout=120):
     script = tmp_path / "script.py"
     script.write_text(text)
-    return subprocess.run(runner + [str(script)] + [str(a) for a in args], capture_output=True, text=True,
-                          env=env or base_env(), timeout=timeout, cwd=str(tmp_path))
+    return forks.run(runner + [script, *args], env or base_env(), cwd=tmp_path, timeout=timeout)
 
 
 NAMES = r'''

@@ -16,12 +16,12 @@ chief initialised, whatever variables the sync step adds.
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import forks
 from conftest import REPO, base_env, run_local
 from test_tf1 import mnist_dir  # noqa: F401  (the MNIST files the tutorial reads)
 
@@ -72,8 +72,8 @@ def done_steps(output):
 @pytest.fixture(scope="module")
 def in_one_process():
     """sync_sessions.py run once, every way of making sessions in turn, 1 ps + 2 workers in one process."""
-    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", SESSIONS, "--session", ",".join(KINDS)],
-                       capture_output=True, text=True, env=base_env(**QUICK_STALL), timeout=200, cwd=REPO)
+    r = forks.run([sys.executable, "-m", "tfcluster.tf1", SESSIONS, "--session", ",".join(KINDS)],
+                  base_env(**QUICK_STALL), cwd=REPO, timeout=200)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return {res["session"]: res for res in results(r.stdout)}
 
