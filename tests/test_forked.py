@@ -56,7 +56,7 @@ def test_two_tf1_workers_train_one_model_forked_from_one_server_or_each_on_its_o
                           "--", "python", "train.py", timeout=200)
     assert code == 0, out[-3000:]
     tasks = forked(out)
-    assert set(tasks) == {"worker:0", "worker:1"}, out[-3000:]      # the ps is tfcluster's own server
+    assert set(tasks) == {"worker:0", "worker:1"}, out[-3000:]      # the ps is tfcluster's own server (forked too)
     # One model: both workers' 20 steps went into the ps's variable.
     assert max(int(x) for x in re.findall(r"^\[worker:\d\] TOTAL (\d+)$", out, re.M)) == 40, out[-3000:]
     server = re.search(r"^\[tfcluster\] TF1 fork server started \(pid (\d+)\)", out, re.M)
@@ -67,6 +67,7 @@ def test_two_tf1_workers_train_one_model_forked_from_one_server_or_each_on_its_o
         assert f"[tfcluster] {name} started (pid {task['pid']})" in out
     if fork:
         assert server, out[-3000:]
+        assert "TF1 fork server started (pid %s): ps:0, worker:0, worker:1 are forked" % server.group(1) in out
         for name, task in tasks.items():
             assert task["ppid"] == int(server.group(1)), name
             assert task["cpu"] < 1.0, (name, task["cpu"])      # no import of its own before the script

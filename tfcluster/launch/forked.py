@@ -33,6 +33,18 @@ MESSAGE_BYTES = 1 << 20
 TASK_ONLY = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
 
 
+def _launchers_python(program: str, env) -> bool:
+    """True when ``program`` found on the task's PATH is this launcher's Python (same interpreter and
+    site-packages, so what the server imported is what the task would import)."""
+    found = shutil.which(program, path=env.get("PATH"))
+    if found is None or os.path.dirname(os.path.abspath(found)) != os.path.dirname(os.path.abspath(sys.executable)):
+        return False
+    try:
+        return os.path.samefile(found, sys.executable)
+    except OSError:
+        return False
+
+
 def forkable(argv, env) -> bool:
     """True for a TF1-mode task's command a fork of the server can run: TF1 mode and a script (not
     --session-fixes-only, whose TensorFlow is TF 2's) under this launcher's Python (``python`` found on the
@@ -40,13 +52,14 @@ def forkable(argv, env) -> bool:
     argv = list(argv)
     if len(argv) < 4 or argv[1:3] != ["-m", "tfcluster.tf1"] or argv[3].startswith("-"):
         return False
-    found = shutil.which(argv[0], path=env.get("PATH"))
-    if found is None or os.path.dirname(os.path.abspath(found)) != os.path.dirname(os.path.abspath(sys.executable)):
-        return False
-    try:
-        return os.path.samefile(found, sys.executable)
-    except OSError:
-        return False
+    return _launchers_python(argv[0], env)
+
+
+def hosted_server(argv, env) -> bool:
+    """True for the command of a server tfcluster hosts (``python -m tfcluster start ...``, a ps of ``tfcluster
+    local``) under this launcher's Python: forked beside TF1-mode tasks, it does not import TensorFlow again."""
+    argv = list(argv)
+    return argv[1:4] == ["-m", "tfcluster", "start"] and _launchers_python(argv[0], env)
 
 
 class ForkServer:
@@ -119,12 +132,14 @@ class ForkServer:
 
     def spawn(self, argv, env: dict, cgroup: Optional[str] = None, cwd: Optional[str] = None,
               stderr: bool = False) -> "ForkedProcess":
-        """Fork the task ``argv`` (a :func:`forkable` command) in ``env`` and ``cwd`` (default: ours), once the
-        server is ready; its output on a new pipe (``stderr``: its errors on a second one)."""
+        """Fork the task ``argv`` (:func:`forkable`, or :func:`hosted_server`'s) in ``env`` and ``cwd`` (default:
+        ours), once the server is ready; its output on a new pipe (``stderr``: its errors on a second one)."""
         self.wait_ready(lambda: False)
         with self._lock:
             pipes = [os.pipe() for _ in range(2 if stderr else 1)]
-            request = {"argv": list(argv)[3:], "env": dict(env), "cwd": cwd or os.getcwd(), "cgroup": cgroup}
+            argv = list(argv)
+            request = {"module": argv[2], "argv": argv[3:], "env": dict(env), "cwd": cwd or os.getcwd(),
+                       "cgroup": cgroup}
             try:
                 socket.send_fds(self._sock, [json.dumps({"spawn": request}).encode()], [w for _, w in pipes])
             except OSError as e:

@@ -24,7 +24,8 @@ from ..core import environment, posix
 from ..core.errors import TfclusterError
 from ..core.private import open_private
 from ..topology.cluster import Task
-from .forked import ForkServer, forkable as is_forkable
+from ..topology.taskenv import set_huge_pages
+from .forked import ForkServer, forkable as is_forkable, hosted_server as is_hosted_server
 
 log = logging.getLogger("tfcluster")
 
@@ -75,21 +76,26 @@ FORK_SERVER_LOG = "tf1-forkserver.log"
 
 
 def fork_tf1_tasks(procs, log_dir: str):
-    """Start one :class:`~.forked.ForkServer` for the TF1-mode tasks among ``procs`` and have them forked from it;
-    returns it (None when no task's command is TF1 mode's). Started before any task, its one import overlaps the
-    ps tasks'."""
+    """Start one :class:`~.forked.ForkServer` for the TF1-mode tasks among ``procs`` and have them forked from it,
+    with the hosted ps tasks; returns it (None when no task's command is TF1 mode's). Started before any task."""
     forkable = [p for p in procs if is_forkable(p.argv, p.env)]
     if not forkable:
         return None
+    hosted = [p for p in procs if is_hosted_server(p.argv, p.env)]
     prctl = posix.prctl()
-    # The server's environment is what every forked task's has in common (each gets its own at the fork).
+    # The server's environment is what every forked TF1-mode task's has in common (each gets its own at the fork).
     common = {k: v for k, v in forkable[0].env.items() if all(p.env.get(k) == v for p in forkable[1:])}
+    if hosted:
+        # A ps asks glibc for huge pages (topology/taskenv.py), which reads its tunables when a process starts:
+        # a forked ps has the server's, and so have the forked trainers.
+        set_huge_pages(common)
     server = ForkServer(common, os.path.join(log_dir, FORK_SERVER_LOG),
                         die_with=_die_with(os.getpid(), prctl) if prctl else None)
     server.start()
     log.info("TF1 fork server started (pid %d): %s are forked from it once it has imported TensorFlow "
-             "(--no-fork: each imports its own)", server.pid, ", ".join(p.name for p in forkable))
-    for p in forkable:
+             "(--no-fork: each imports its own)", server.pid, ", ".join(p.name for p in procs
+                                                                         if p in hosted or p in forkable))
+    for p in hosted + forkable:
         p.forks = server
     return server
 

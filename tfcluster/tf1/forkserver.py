@@ -9,7 +9,8 @@ task (the launcher's side: :mod:`tfcluster.launch.forked`).
 
 Nothing TF1 mode changes is done here: a forked task runs
 ``python -m tfcluster.tf1``'s own ``main`` in its own environment, so its
-patches are its own. Only the imports are shared: TensorFlow reads no
+patches are its own; the run's hosted ps is forked too, and runs ``python -m
+tfcluster start`` as it would on its own (it serves, and imports no model). Only the imports are shared: TensorFlow reads no
 task-specific variable at import (TF_CONFIG, CUDA_VISIBLE_DEVICES and the
 thread counts are read when the task builds its server, session or devices),
 and no TensorFlow runtime (devices, threads, gRPC) exists before the fork.
@@ -19,9 +20,9 @@ one JSON message each way per event:
 
 - the server says ``{"ready": true}`` once the imports are done (or
   ``{"error": ...}`` and exits 2);
-- ``{"spawn": {"argv": [...], "env": {...}, "cwd": ..., "cgroup": ...}}``
-  with the task's output pipe attached (SCM_RIGHTS; or two, its stdout's and
-  its stderr's) is answered with
+- ``{"spawn": {"module": M, "argv": [...], "env": {...}, "cwd": ..., "cgroup": ...}}``
+  (the task's ``python -m M ARGV``: TF1 mode's ``tfcluster.tf1``, or ``tfcluster`` for the hosted ps), with
+  the task's output pipe attached (SCM_RIGHTS; or two: its stdout's, its stderr's), is answered with
   ``{"pid": N}``; the task is a session leader (its pid is its group), dies
   with the server (PR_SET_PDEATHSIG), and its output and errors go to the pipe;
 - ``{"exit": N, "code": C}`` when task N ends (C as Popen's returncode: -S
@@ -123,9 +124,8 @@ def _child(request, fds, sock, server_pid):
         sys.stdout.reconfigure(line_buffering=True, write_through=bool(os.environ.get("PYTHONUNBUFFERED")))
         sys.stderr.reconfigure(line_buffering=True, write_through=True)
         _reseed()
-        from .__main__ import main
         try:
-            code = main(request["argv"])
+            code = _run(request.get("module", TF1_MODE), request["argv"])
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if e.code is not None and not isinstance(e.code, int):
@@ -144,6 +144,22 @@ def _child(request, fds, sock, server_pid):
             sys.stderr.flush()
         finally:
             os._exit(code if isinstance(code, int) else 1)
+
+
+#: The module of a TF1-mode task's command (``python -m tfcluster.tf1 SCRIPT``).
+TF1_MODE = "tfcluster.tf1"
+
+
+def _run(module: str, argv) -> int:
+    """Run the task's ``python -m MODULE ARGV``: TF1 mode's main, or (the hosted ps's ``tfcluster start``) the
+    module as ``python -m`` runs it."""
+    if module == TF1_MODE:
+        from .__main__ import main
+        return main(argv)
+    import runpy
+    sys.argv = [module] + list(argv)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
 
 
 #: Variables TF1 mode's preparation sets before TensorFlow is imported; a forked task keeps them.
