@@ -511,11 +511,12 @@ def test_a_script_that_never_stops_is_ended_by_the_timeout_with_exit_124(tmp_pat
     spec = tmp_path / "c.json"
     spec.write_text(json.dumps({"ps": [f"localhost:{ps}"], "worker": [f"localhost:{worker}"]}))
     code, out = run_local(tmp_path, "--tf1", "--cluster", spec, "--legacy-flags=all",
-                          "--timeout", "45", "--", "python", os.path.join(LEGACY, "never_stops.py"),
+                          # Counted from before the tasks start; forked from one import, they train within ~10 s.
+                          "--timeout", "25", "--", "python", os.path.join(LEGACY, "never_stops.py"),
                           "--data_dir", mnist_dir)
     assert code == 124, out[-4000:]
     assert f"--ps_hosts=localhost:{ps} --worker_hosts=localhost:{worker}" in out
-    assert "timed out after 45s (--timeout); stopping the cluster" in out
+    assert "timed out after 25s (--timeout); stopping the cluster" in out
     assert_falls(_losses(out, "[worker:0]"), "worker 0")
 
 
