@@ -10,10 +10,11 @@ task (the launcher's side: :mod:`tfcluster.launch.forked`).
 Nothing TF1 mode changes is done here: a forked task runs
 ``python -m tfcluster.tf1``'s own ``main`` in its own environment, so its
 patches are its own; the run's hosted ps is forked too, and runs ``python -m
-tfcluster start`` as it would on its own (it serves, and imports no model). Only the imports are shared: TensorFlow reads no
-task-specific variable at import (TF_CONFIG, CUDA_VISIBLE_DEVICES and the
-thread counts are read when the task builds its server, session or devices),
-and no TensorFlow runtime (devices, threads, gRPC) exists before the fork.
+tfcluster start`` as it would on its own (it serves, and builds no model).
+Only the imports are shared: TensorFlow reads no task-specific variable at
+import (TF_CONFIG, CUDA_VISIBLE_DEVICES and the thread counts are read when the
+task builds its server, session or devices), and no TensorFlow runtime
+(devices, threads, gRPC) exists before the fork.
 
 The launcher talks over one ``SOCK_SEQPACKET`` socket (inherited as ``FD``),
 one JSON message each way per event:
@@ -81,7 +82,7 @@ def preload():
 
 
 def _child(request, fds, sock, server_pid):
-    """In the forked task: become the task ``request`` describes, run TF1 mode's main, exit with its code.
+    """In the forked task: become the task ``request`` describes, run its command, exit with its code.
 
     ``fds``: the task's output pipe, or its stdout and its stderr pipes."""
     out_fd, err_fd = fds[0], fds[-1]
