@@ -3,8 +3,8 @@
 A ``python -m tfcluster.tf1 SCRIPT`` process spends ~8 s of CPU importing
 TensorFlow, tf-keras and the Estimator before the script's first line: in
 three quarters of one run of the suite, 55 such processes took 9.3 s of CPU
-each (mostly those imports), some four minutes of a two-core run. Each test worker therefore
-starts the launcher's own fork server (tfcluster/launch/forked.py) once, and
+each (mostly those imports), some four minutes of a two-core run. Each test
+worker therefore starts the launcher's own fork server (tfcluster/launch/forked.py) once, and
 forks those programs from it: each runs TF1 mode's own ``main`` in its own
 environment, directory and pipes, as a task of ``tfcluster local --tf1`` does
 (docs/tf1.md, "How the tasks start"). A program whose environment differs
@@ -24,20 +24,9 @@ import time
 
 from tfcluster.core import posix
 from tfcluster.launch.forked import ForkServer, forkable
+from tfcluster.launch.processes import die_with
 
 _SERVER = None
-
-
-def _die_with_this_worker(parent=os.getpid()):
-    """A preexec step: the fork server dies with the test worker that started it, even by SIGKILL."""
-    prctl = posix.prctl()
-
-    def preexec():
-        if prctl is not None:
-            prctl(1, signal.SIGKILL, 0, 0, 0)      # PR_SET_PDEATHSIG
-        if os.getppid() != parent:
-            os._exit(1)
-    return preexec
 
 
 def _server(env) -> ForkServer:
@@ -46,7 +35,9 @@ def _server(env) -> ForkServer:
     if _SERVER is None:
         fd, log_path = tempfile.mkstemp(prefix="tfcluster-test-forkserver-", suffix=".log")
         os.close(fd)
-        _SERVER = ForkServer(env, log_path, die_with=_die_with_this_worker())
+        prctl = posix.prctl()
+        # As the launcher's own: the server dies with this test worker, even by SIGKILL.
+        _SERVER = ForkServer(env, log_path, die_with=die_with(os.getpid(), prctl) if prctl else None)
         _SERVER.start()
         atexit.register(_SERVER.stop)
     return _SERVER

@@ -49,7 +49,7 @@ def _preexec(*steps):
     return preexec
 
 
-def _die_with(parent_pid: int, prctl):
+def die_with(parent_pid: int, prctl):
     """A Popen preexec_fn: the task is killed when the launcher dies, even by SIGKILL (Linux's prctl).
 
     Only the task's own process gets the signal; its descendants are the
@@ -90,7 +90,7 @@ def fork_tf1_tasks(procs, log_dir: str):
         # a forked ps has the server's, and so have the forked trainers.
         set_huge_pages(common)
     server = ForkServer(common, os.path.join(log_dir, FORK_SERVER_LOG),
-                        die_with=_die_with(os.getpid(), prctl) if prctl else None)
+                        die_with=die_with(os.getpid(), prctl) if prctl else None)
     server.start()
     log.info("TF1 fork server started (pid %d): %s are forked from it once it has imported TensorFlow "
              "(--no-fork: each imports its own)", server.pid, ", ".join(p.name for p in procs
@@ -150,7 +150,7 @@ class TaskProcess:
             prctl = posix.prctl()
             # The cgroup first: everything the task allocates, from its first page, is charged to its limit.
             preexec = _preexec(self.cgroup.join_in_child() if self.cgroup is not None else None,
-                               _die_with(os.getpid(), prctl) if prctl else None)
+                               die_with(os.getpid(), prctl) if prctl else None)
             self.popen = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                                           preexec_fn=preexec)
