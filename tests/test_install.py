@@ -63,7 +63,7 @@ def test_the_wheel_has_one_version_a_python_range_and_tensorflow_only_as_extras(
     assert 'tensorflow-estimator==2.15.0; extra == "legacy"' in requires
     # TensorFlow 2.21 no longer brings TensorBoard, which reads the summaries fit writes.
     assert 'tensorboard==2.21.*; extra == "tensorboard"' in requires
-    assert "tfcluster = tfcluster.cli:main" in entry_points
+    assert "tfcluster = tfcluster.cli:run" in entry_points
 
 
 def test_setup_py_is_a_shim_that_reads_its_metadata_from_pyproject():

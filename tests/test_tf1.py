@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -296,6 +297,36 @@ def test_the_runner_refuses_a_missing_script_in_one_line(tmp_path):
     r = subprocess.run(TF1 + [str(tmp_path / "nope.py")], capture_output=True, text=True, env=base_env(),
                        timeout=60)
     assert r.returncode == 2 and r.stderr == f"tfcluster: error: no such script: {tmp_path / 'nope.py'}\n"
+
+
+ENDS = r'''
+import atexit, sys, threading, time
+import tensorflow as tf
+atexit.register(lambda: print("ATEXIT ran", flush=True))
+threading.Thread(target=lambda: (time.sleep(0.5), print("THREAD joined", flush=True))).start()
+print("unflushed", end="")
+how = sys.argv[1]
+if how == "message":
+    sys.exit("the data dir is empty")
+if how == "raise":
+    raise ValueError("no label column")
+if how == "ctrl-c":
+    raise KeyboardInterrupt
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("forked, ends", [(True, ("ok", "message", "raise", "ctrl-c")), (False, ("raise",))],
+                         ids=["forked", "started"])
+def test_a_tf1_program_ends_as_python_ends_it_without_tearing_tensorflow_down(tmp_path, forked, ends):
+    # TF1 mode leaves without the interpreter's 1.3-2 s teardown of TensorFlow (tfcluster/core/exits.py); all
+    # else of Python's exit stays: threads joined, atexit handlers, streams flushed, the error and its code.
+    for how in ends:
+        r = _run_tf1(tmp_path, ENDS, how, forked=forked)
+        assert r.stdout.startswith("unflushed") and "THREAD joined" in r.stdout and "ATEXIT ran" in r.stdout, how
+        code, err = {"ok": (0, ""), "message": (1, "the data dir is empty\n"), "raise": (1, "ValueError: no label"),
+                     "ctrl-c": (-signal.SIGINT, "KeyboardInterrupt")}[how]
+        assert r.returncode == code and err in r.stderr, (how, r.returncode, r.stderr[-2000:])
 
 
 # ------------------------------------------- aborted steps (pitfalls item 15)

@@ -1,6 +1,4 @@
 """``python -m tfcluster``: the same as the ``tfcluster`` command."""
-import sys
+from .cli import run
 
-from .cli import main
-
-sys.exit(main())
+run()

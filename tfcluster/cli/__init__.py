@@ -12,7 +12,7 @@ import signal
 import sys
 
 from ..core.errors import TfclusterError
-from ..core.exits import EXIT_USAGE, from_signal
+from ..core.exits import EXIT_USAGE, from_signal, run_as_main
 from ..core.logs import setup_cli_logging
 from ..core.tfguard import INSTALL_HINT
 from ..core.version import __version__
@@ -122,5 +122,10 @@ def main(argv=None) -> int:
         return from_signal(signal.SIGINT)
 
 
+def run():
+    """The ``tfcluster`` console script: :func:`main`, then the exit (quick once a ps imported TensorFlow)."""
+    run_as_main(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

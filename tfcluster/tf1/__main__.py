@@ -20,7 +20,7 @@ import runpy
 import sys
 
 from ..core.errors import TfclusterError
-from ..core.exits import EXIT_USAGE
+from ..core.exits import EXIT_USAGE, run_as_main
 from ..core.logs import setup_tf1_logging
 from . import SESSION_FIXES_ONLY
 
@@ -130,4 +130,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_main(main)

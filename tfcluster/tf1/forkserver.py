@@ -41,6 +41,8 @@ import signal
 import socket
 import sys
 
+from ..core.exits import run_as_main
+
 #: The largest message: a task's whole environment fits many times over.
 MESSAGE_BYTES = 1 << 20
 _PR_SET_PDEATHSIG = 1
@@ -86,7 +88,6 @@ def _child(request, fds, sock, server_pid):
 
     ``fds``: the task's output pipe, or its stdout and its stderr pipes."""
     out_fd, err_fd = fds[0], fds[-1]
-    code = 1
     try:
         os.setsid()
         from ..core import posix
@@ -125,26 +126,13 @@ def _child(request, fds, sock, server_pid):
         sys.stdout.reconfigure(line_buffering=True, write_through=bool(os.environ.get("PYTHONUNBUFFERED")))
         sys.stderr.reconfigure(line_buffering=True, write_through=True)
         _reseed()
-        try:
-            code = _run(request.get("module", TF1_MODE), request["argv"])
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if e.code is not None and not isinstance(e.code, int):
-                sys.stderr.write(f"{e.code}\n")
-        except KeyboardInterrupt:
-            code = 128 + signal.SIGINT
-        except BaseException:  # noqa: BLE001 - as the interpreter does: the traceback, exit 1
-            import traceback
-            traceback.print_exc()
-            code = 1
-        import atexit
-        atexit._run_exitfuncs()
-    finally:
+        run_as_main(_run, request.get("module", TF1_MODE), request["argv"], forked=True)
+    finally:        # reached only when the task could not be set up
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(code if isinstance(code, int) else 1)
+            os._exit(1)
 
 
 #: The module of a TF1-mode task's command (``python -m tfcluster.tf1 SCRIPT``).
@@ -251,4 +239,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_main(main)
