@@ -126,7 +126,7 @@ def test_under_slurm_a_ps_gets_no_gpu_and_gpus_bound_per_task_by_slurm_are_kept(
 def test_a_local_run_with_four_fake_gpus_gives_each_task_its_gpus_and_threads(tmp_path):
     # The launcher inherits CUDA_VISIBLE_DEVICES=0,1,2,3, as on a machine with four GPUs. With
     # --legacy-flags the ps runs the script too, so every task prints what it got.
-    env = base_env(CUDA_VISIBLE_DEVICES="0,1,2,3")
+    env = base_env(CUDA_VISIBLE_DEVICES="0,1,2,3", ROLES_MARKS=str(tmp_path), ROLES_WAIT_FOR="ps-0")
     for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
         env.pop(name, None)
     r = run_cli("local", "--ps", "1", "--workers", "2", "--legacy-flags", "--no-isolate", "--",

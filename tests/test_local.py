@@ -371,7 +371,7 @@ def _printed(run, task, key):
 
 def test_legacy_flags_reach_every_task_and_the_launcher_ends_a_ps_that_never_exits(procs, tmp_path):
     run = Run(procs, ["--ps", 1, "--workers", 2, "--legacy-flags", "--log-dir", tmp_path / "l", "--"]
-              + script("roles.py"), tmp_path)
+              + script("roles.py"), tmp_path, ROLES_MARKS=str(tmp_path), ROLES_WAIT_FOR="ps-0")
     assert run.finish(timeout=60) == 0, run.output
     spec = json.loads((tmp_path / "l" / "cluster.json").read_text())
     hosts = [f"--ps_hosts={','.join(spec['ps'])}", f"--worker_hosts={','.join(spec['worker'])}"]
@@ -414,7 +414,8 @@ def test_legacy_flags_run_a_python_script_with_the_session_fixes_unless_told_not
 
 def test_the_evaluator_is_outside_the_cluster_and_is_stopped_after_its_grace(procs, tmp_path):
     run = Run(procs, ["--ps", 0, "--workers", 1, "--chief", "--evaluator", "--evaluator-grace", 1,
-                      "--legacy-flags=job-task", "--"] + script("roles.py"), tmp_path)
+                      "--legacy-flags=job-task", "--"] + script("roles.py"), tmp_path,
+              ROLES_MARKS=str(tmp_path), ROLES_WAIT_FOR="evaluator-0")
     assert run.finish(timeout=60) == 0, run.output
     chief = _printed(run, "chief:0", "TF_CONFIG")
     evaluator = _printed(run, "evaluator:0", "TF_CONFIG")
