@@ -20,8 +20,8 @@ import time
 import numpy as np
 import pytest
 
-import forks
 from conftest import REPO, base_env, run_cli, run_local
+from test_tf1_gaps import run_tf1
 from tfcluster.core.errors import DataError
 from tfcluster.data import load_digits, write_idx
 from tfcluster.core.errors import TfclusterError
@@ -223,23 +223,11 @@ if __name__ == "__main__":
 '''
 
 
-def _run_tf1(tmp_path, text, *args, env=None, timeout=120, forked=True):
-    """``python -m tfcluster.tf1 script.py ARGS``: forked as tfcluster local --tf1 forks a task (tests/forks.py),
-    or started as typed."""
-    script = tmp_path / "script.py"
-    script.write_text(text)
-    argv = TF1 + [str(script)] + [str(a) for a in args]
-    if forked:
-        return forks.run(argv, env or base_env(), cwd=tmp_path, timeout=timeout)
-    return subprocess.run(argv, capture_output=True, text=True, env=env or base_env(), timeout=timeout,
-                          cwd=str(tmp_path))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_tf1_script_sees_tf_compat_v1_with_contrib_flags_and_mnist(tmp_path, mnist_dir):
     args = ["--data_dir", mnist_dir] + (["--layers"] if HAS_TF_KERAS else [])
-    r = _run_tf1(tmp_path, PROBE, *args, forked=False)     # as typed: what the script sees when nothing was imported
+    r = run_tf1(tmp_path, PROBE, *args, forked=False)     # as typed: what the script sees when nothing was imported
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.split("PROBE ", 1)[1])
     assert out["name"] == "__main__"
@@ -274,7 +262,7 @@ def test_a_tf1_script_sees_tf_compat_v1_with_contrib_flags_and_mnist(tmp_path, m
      "no MNIST data directory 'no-such-dir'"),
 ])
 def test_what_tf2_lacks_is_one_line_naming_the_replacement_with_exit_2(tmp_path, code, says):
-    r = _run_tf1(tmp_path, "import tensorflow as tf\n" + code + "\n")
+    r = run_tf1(tmp_path, "import tensorflow as tf\n" + code + "\n")
     assert r.returncode == 2, r.stderr[-3000:]
     lines = [l for l in r.stderr.splitlines() if l.startswith("tfcluster: error:")]
     assert len(lines) == 1 and says in lines[0], r.stderr[-3000:]
@@ -285,7 +273,7 @@ def test_what_tf2_lacks_is_one_line_naming_the_replacement_with_exit_2(tmp_path,
 @pytest.mark.timeout(150)
 def test_tf_layers_without_tf_keras_says_to_install_it(tmp_path):
     # TF_USE_LEGACY_KERAS=0 takes the path a machine without tf-keras takes: Keras 3's refusal.
-    r = _run_tf1(tmp_path, "import tensorflow as tf\ntf.layers.dense(tf.zeros([1, 2]), 3)\n",
+    r = run_tf1(tmp_path, "import tensorflow as tf\ntf.layers.dense(tf.zeros([1, 2]), 3)\n",
                  env=base_env(TF_USE_LEGACY_KERAS="0"))
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == (
@@ -322,7 +310,7 @@ def test_a_tf1_program_ends_as_python_ends_it_without_tearing_tensorflow_down(tm
     # TF1 mode leaves without the interpreter's 1.3-2 s teardown of TensorFlow (tfcluster/core/exits.py); all
     # else of Python's exit stays: threads joined, atexit handlers, streams flushed, the error and its code.
     for how in ends:
-        r = _run_tf1(tmp_path, ENDS, how, forked=forked)
+        r = run_tf1(tmp_path, ENDS, how, forked=forked)
         assert r.stdout.startswith("unflushed") and "THREAD joined" in r.stdout and "ATEXIT ran" in r.stdout, how
         code, err = {"ok": (0, ""), "message": (1, "the data dir is empty\n"), "raise": (1, "ValueError: no label"),
                      "ctrl-c": (-signal.SIGINT, "KeyboardInterrupt")}[how]
@@ -382,7 +370,7 @@ print("RESULT " + json.dumps({"duplicate": train(DUPLICATE), "no_checkpoint": tr
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_false_duplicate_abort_is_retried_and_a_real_restart_says_what_it_throws_away(tmp_path):
-    r = _run_tf1(tmp_path, ABORTS)
+    r = run_tf1(tmp_path, ABORTS)
     assert r.returncode == 0, r.stderr[-3000:]
     steps = json.loads(r.stdout.split("RESULT ", 1)[1])
     # The false duplicate costs nothing: the step runs again, the global step never goes back.
@@ -421,7 +409,7 @@ print("late threads alive:", sum(t.is_alive() for t in threads))
 
 @pytest.mark.timeout(120)
 def test_a_queue_runner_cancelled_after_its_coordinator_joined_ends_without_a_traceback(tmp_path):
-    r = _run_tf1(tmp_path, LATE_QUEUE_RUNNER)
+    r = run_tf1(tmp_path, LATE_QUEUE_RUNNER)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout == "late threads alive: 0\n"
     assert "Exception in thread" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]

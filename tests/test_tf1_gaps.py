@@ -30,10 +30,16 @@ TF1 = [PY, "-m", "tfcluster.tf1"]
 LEGACY = os.path.join(REPO, "tests", "legacy")
 
 
-def run_tf1(tmp_path, text, *args, env=None, runner=TF1, timeout=120):
+def run_tf1(tmp_path, text, *args, env=None, runner=TF1, timeout=120, forked=True):
+    """``python -m tfcluster.tf1 script.py ARGS`` on ``text``: forked as tfcluster local --tf1 forks a task
+    (tests/forks.py), or (``forked=False``) started as typed."""
     script = tmp_path / "script.py"
     script.write_text(text)
-    return forks.run(runner + [script, *args], env or base_env(), cwd=tmp_path, timeout=timeout)
+    argv = [str(a) for a in runner + [script, *args]]
+    if forked:
+        return forks.run(argv, env or base_env(), cwd=tmp_path, timeout=timeout)
+    return subprocess.run(argv, capture_output=True, text=True, env=env or base_env(), timeout=timeout,
+                          cwd=str(tmp_path))
 
 
 NAMES = r'''
