@@ -62,10 +62,33 @@ def run_local(tmp_path, *args, timeout=240):
     return r.returncode, out
 
 
-def kill_tree(pid, sig=signal.SIGKILL):
-    """Kill a process and every descendant of it (each by PID, never by name)."""
+def live_process(pid):
+    """psutil's Process for ``pid`` while a process has that number, else None.
+
+    This machine has 32768 pids (/proc/sys/kernel/pid_max) and each TensorFlow process starts dozens of threads,
+    so the number of a task that has ended soon names a thread of another process (psutil takes a thread id for a
+    process, and a signal to it ends that whole process: in CI it was the suite's fork server, tests/forks.py).
+    Zombies count as gone.
+    """
     try:
-        root = psutil.Process(pid)
+        with open(f"/proc/{pid}/status") as f:
+            tgid = next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+        proc = psutil.Process(pid)
+        return proc if tgid == pid and proc.status() != psutil.STATUS_ZOMBIE else None
+    except (OSError, StopIteration, psutil.NoSuchProcess):
+        return None
+
+
+def kill_tree(pid, sig=signal.SIGKILL):
+    """Kill a live process and every descendant of it (each by PID, never by name).
+
+    Only for a process known to be alive (unreaped, or seen in this test's output and not yet reported gone): an
+    ended one's number may be another's by now.
+    """
+    root = live_process(pid)
+    if root is None:
+        return
+    try:
         family = root.children(recursive=True) + [root]
     except psutil.NoSuchProcess:
         return
@@ -100,16 +123,17 @@ class Procs:
         """Every live process started by this test, children included."""
         out = []
         for p in self.started:
+            root = live_process(p.pid) if p.returncode is None else None   # reaped: the number is not ours
             try:
-                root = psutil.Process(p.pid)
-                out += [root] + root.children(recursive=True)
+                out += [root] + root.children(recursive=True) if root else []
             except psutil.NoSuchProcess:
                 pass
         return [q for q in out if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
 
     def cleanup(self):
         for p in self.started:
-            kill_tree(p.pid)
+            if p.returncode is None:        # not reaped yet, so the number is still this process's
+                kill_tree(p.pid)
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -160,13 +184,7 @@ def wait_until(predicate, timeout, what):
 def no_process_left(pids, timeout=5.0):
     """True once none of ``pids`` is alive (zombies count as gone)."""
     def gone():
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    return False
-            except psutil.NoSuchProcess:
-                pass
-        return True
+        return all(live_process(pid) is None for pid in pids)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if gone():

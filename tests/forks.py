@@ -32,10 +32,6 @@ _SERVER = None
 def _server(env) -> ForkServer:
     """This worker's fork server, started with the first program's environment (what it imports with)."""
     global _SERVER
-    if _SERVER is not None and _SERVER._popen is not None and _SERVER._popen.poll() is not None:
-        # Gone (PR_SET_PDEATHSIG fires when the *thread* that started it ends, if a test's thread did): a new one.
-        _SERVER.stop()
-        _SERVER = None
     if _SERVER is None:
         fd, log_path = tempfile.mkstemp(prefix="tfcluster-test-forkserver-", suffix=".log")
         os.close(fd)
