@@ -195,17 +195,37 @@ def no_process_left(pids, timeout=5.0):
 
 # ------------------------------------------------------------------ tests side by side
 # pytest.ini runs the suite in two xdist workers, a test file to a worker (its module fixtures start once).
-# A test marked ``serial`` runs with no other test beside it: it measures seconds (a fault's detection, a
-# bound a user is promised) or owns what the machine has one of (network namespaces, Slurm). The
-# workers share a readers-writer lock: every test holds it shared, a serial test alone; a turnstile lets a
-# waiting serial test in before the next shared holder, so it never starves. A worker keeps the lock alone
-# from one serial test to the next of the same file: handing it over between them let the other worker run
-# one whole test each time while this one waited, a core idle for each of the suite's ~70 serial tests.
+# A test marked ``serial`` measures seconds (a fault's detection, a bound a user is promised) or owns what the
+# machine has one of (network namespaces, Slurm): serial tests run one at a time, each file's back to back (a
+# worker keeps the lock from one serial test to the next of the same file). Beside a serial test the other
+# worker goes on with the tests that measure nothing, at the lowest CPU priority (nice 19: CFS gives them ~1.5%
+# of a core the serial test wants, and all it leaves idle: a fault test mostly waits out a timeout, and the suite
+# ran ~750 s of serial tests with a core idle). Lowering a worker's nice back for its own serial test needs
+# CAP_SYS_NICE (root, as in CI); without it, and with TFCLUSTER_TESTS_SERIAL_ALONE=1, a serial test runs with
+# nothing beside it: a readers-writer lock every test holds shared and a serial test alone, with a turnstile
+# that lets a waiting serial test in before the next shared holder, so it never starves.
 #: How long a test waits for the lock: longer than any one test file's serial tests run (test_faults_users_hit's
 #: ~215 s in CI, the longest) plus one test of the other worker (pytest.ini's timeouts).
 LOCK_WAIT_SECS = 900
+#: The nice of a test that runs beside a serial one (the lowest priority Linux has).
+BESIDE_NICE = 19
+#: This worker's nice when it started (a run under ``nice`` keeps it for serial tests).
+_BASE_NICE = os.getpriority(os.PRIO_PROCESS, 0)
 #: This worker's exclusive hold, kept from a serial test to the next when it is the same file's.
 _KEPT = None
+
+
+def can_renice() -> bool:
+    """True when this process may lower its nice again (CAP_SYS_NICE) and the run has not asked for serial
+    tests alone."""
+    if os.environ.get("TFCLUSTER_TESTS_SERIAL_ALONE"):
+        return False
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(caps & (1 << 23))        # CAP_SYS_NICE
 
 
 def pytest_configure(config):
@@ -248,13 +268,19 @@ def _serial(item):
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)    # outermost: the wait is not part of the test's timeout
 def pytest_runtest_protocol(item, nextitem):
-    """Run the test holding the run's lock: shared, or alone when it is marked serial."""
+    """Run the test under the run's lock: a serial test alone among serial tests (and alone outright where
+    the worker cannot renice); any other beside it at nice 19."""
     global _KEPT
     if "lock_dir" not in getattr(item.config, "workerinput", {}):
         return (yield)
     root = pathlib.Path(item.config.workerinput["lock_dir"])
-    serial = _serial(item)
-    if _KEPT is not None:                 # the previous test was this file's serial test, and so is this one
+    serial, beside = _serial(item), can_renice()
+    if beside:
+        # Per thread on Linux: the test's thread, whose children (the test's processes) inherit it.
+        os.setpriority(os.PRIO_PROCESS, 0, _BASE_NICE if serial else max(_BASE_NICE, BESIDE_NICE))
+    if beside and not serial:
+        held = None
+    elif _KEPT is not None:               # the previous test was this file's serial test, and so is this one
         held, _KEPT = _KEPT, None
     else:
         turnstile = _flock(root / "serial.turnstile", fcntl.LOCK_EX, "the other worker's serial test")
@@ -269,15 +295,8 @@ def pytest_runtest_protocol(item, nextitem):
         # xdist's worker knows its next test before it runs this one, so nextitem is the one that follows.
         if serial and _serial(nextitem) and nextitem.path == item.path:
             _KEPT = held
-        else:
+        elif held is not None:
             held.close()
-
-
-def pytest_collection_modifyitems(items):
-    """Tests in network namespaces share the machine's routes and Slurm's daemons: one at a time."""
-    for item in items:
-        if item.get_closest_marker("netns"):
-            item.add_marker(pytest.mark.serial)
 
 
 # ------------------------------------------------------------------ reliability figures
