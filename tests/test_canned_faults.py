@@ -81,7 +81,8 @@ def test_a_canned_model_outlives_a_killed_ps_and_a_sigterm_then_resumes_at_the_s
     again = launch(procs, tmp_path, stopped + 10, "again")
     assert again.finish(timeout=200) == 0, again.tail(60)
     assert again.matches(rf"\[worker:0\] .*restored the model from \S*model\.ckpt-{stopped} \(")
-    assert min(global_steps(again)) == stopped + 1
-    lost = max(global_steps(run)) - (min(global_steps(again)) - 1)
+    # The rerun's first steps follow the saved one (two at once, when both workers step on it together: CI-20).
+    assert stopped < min(global_steps(again)) <= stopped + 2, (stopped, global_steps(again)[:4])
+    lost = max(global_steps(run)) - stopped
     reliability(f"wide & deep: steps lost to a SIGTERM at step {stopped}", lost, "steps")
     reliability("wide & deep: seconds from SIGTERM to the chief's saved checkpoint", float(m.group(3)), "s")
