@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -198,53 +199,96 @@ def no_process_left(pids, timeout=5.0):
 # A test marked ``serial`` measures seconds (a fault's detection, a bound a user is promised) or owns what the
 # machine has one of (network namespaces, Slurm): serial tests run one at a time, each file's back to back (a
 # worker keeps the lock from one serial test to the next of the same file). Beside a serial test the other
-# worker goes on with the tests that measure nothing, at the lowest CPU priority (nice 19: CFS gives them ~1.5%
-# of a core the serial test wants, and all it leaves idle: a fault test mostly waits out a timeout, and the suite
-# ran ~750 s of serial tests with a core idle). Lowering a worker's nice back for its own serial test needs
-# CAP_SYS_NICE (root, as in CI); without it, and with TFCLUSTER_TESTS_SERIAL_ALONE=1, a serial test runs with
-# nothing beside it: a readers-writer lock every test holds shared and a serial test alone, with a turnstile
-# that lets a waiting serial test in before the next shared holder, so it never starves.
+# worker goes on with the tests that measure nothing, in a cgroup of the cpu controller weighted 1/8 of a session
+# (BESIDE_SHARES against autogroups' 1024): when a serial test's processes want the CPU the rest gets 3-11 % of
+# it, and all it leaves idle (a fault test mostly waits out a timeout: the suite ran ~750 s of serial tests with a
+# core idle), and it is never starved outright (an idle-class group was: a run beside a busy machine stalled for
+# minutes). Not nice(2): the kernel's autogroups weigh each session alike whatever its processes' nice, and
+# every launcher and task a test starts is a session of its own. Where the machine has no cgroup v1 cpu
+# controller this run may write (root, as in CI), and with TFCLUSTER_TESTS_SERIAL_ALONE=1, a serial test runs
+# with nothing beside it: a readers-writer lock every test holds shared and a serial test alone, with a
+# turnstile that lets a waiting serial test in before the next shared holder, so it never starves.
 #: How long a test waits for the lock: longer than any one test file's serial tests run (test_faults_users_hit's
 #: ~215 s in CI, the longest) plus one test of the other worker (pytest.ini's timeouts).
 LOCK_WAIT_SECS = 900
-#: The nice of a test that runs beside a serial one (the lowest priority Linux has).
-BESIDE_NICE = 19
-#: This worker's nice when it started (a run under ``nice`` keeps it for serial tests).
-_BASE_NICE = os.getpriority(os.PRIO_PROCESS, 0)
+#: The cpu.shares of the tests beside a serial one (a session's autogroup weighs 1024).
+BESIDE_SHARES = 128
 #: This worker's exclusive hold, kept from a serial test to the next when it is the same file's.
 _KEPT = None
 
 
-def can_renice() -> bool:
-    """True when this process may lower its nice again (CAP_SYS_NICE) and the run has not asked for serial
-    tests alone."""
-    if os.environ.get("TFCLUSTER_TESTS_SERIAL_ALONE"):
-        return False
+def cpu_cgroup(task="thread-self"):
+    """The directory of ``task``'s cgroup v1 cpu controller group, or None where there is none."""
     try:
-        with open("/proc/self/status") as f:
-            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
-    except (OSError, StopIteration, ValueError):
-        return False
-    return bool(caps & (1 << 23))        # CAP_SYS_NICE
+        with open("/proc/mounts") as f:
+            mounts = [line.split() for line in f]
+        mount = next(m[1] for m in mounts if m[2] == "cgroup" and "cpu" in m[3].split(","))
+        with open(f"/proc/{task}/cgroup") as f:
+            path = next(line.rstrip("\n").split(":", 2)[2] for line in f if "cpu" in line.split(":")[1].split(","))
+    except (OSError, StopIteration):
+        return None
+    return os.path.normpath(os.path.join(mount, path.lstrip("/")))
+
+
+def can_run_beside() -> bool:
+    """True where a run puts the tests beside a serial one in a cpu group of their own (tests/conftest.py)."""
+    here = cpu_cgroup("self")
+    return not os.environ.get("TFCLUSTER_TESTS_SERIAL_ALONE") and here is not None and os.access(here, os.W_OK)
+
+
+def _beside_cgroup():
+    """The controller's cpu group for the tests that run beside a serial one, made now; None where it cannot be."""
+    if not can_run_beside():
+        return None
+    path = os.path.join(cpu_cgroup("self"), f"tfcluster-tests-{os.getpid()}")
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "cpu.shares"), "w") as f:
+            f.write(str(BESIDE_SHARES))
+    except OSError:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+        return None
+    return path
+
+
+def _join(group):
+    """Move this thread (the test's: its processes inherit it) into the cpu group ``group``."""
+    with open(os.path.join(group, "tasks"), "w") as f:
+        f.write(str(threading.get_native_id()))
 
 
 def pytest_configure(config):
-    """The controller of a parallel run makes the folder its workers' lock files live in."""
+    """The controller of a parallel run makes the folder its workers' lock files live in, and their cpu group."""
     if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None) \
             and not hasattr(config, "workerinput"):
         config.lock_dir = tempfile.mkdtemp(prefix="tfcluster-tests-")
+        config.beside_cgroup = _beside_cgroup()
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
-    """Each xdist worker is told where the run's lock files are."""
+    """Each xdist worker is told where the run's lock files and cpu group are."""
     node.workerinput["lock_dir"] = node.config.lock_dir
+    node.workerinput["beside_cgroup"] = node.config.beside_cgroup
+    node.workerinput["own_cgroup"] = cpu_cgroup("self")
 
 
 def pytest_unconfigure(config):
-    """The controller removes the lock files when the run ends."""
+    """The controller removes the lock files and the cpu group when the run ends (the workers have left it)."""
     if getattr(config, "lock_dir", None):
         shutil.rmtree(config.lock_dir, ignore_errors=True)
+    if getattr(config, "beside_cgroup", None):
+        deadline = time.monotonic() + 10
+        while os.path.isdir(config.beside_cgroup):
+            try:
+                os.rmdir(config.beside_cgroup)
+            except OSError:             # a last process of a test still leaving
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
 
 
 def _flock(path, mode, what):
@@ -268,16 +312,16 @@ def _serial(item):
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)    # outermost: the wait is not part of the test's timeout
 def pytest_runtest_protocol(item, nextitem):
-    """Run the test under the run's lock: a serial test alone among serial tests (and alone outright where
-    the worker cannot renice); any other beside it at nice 19."""
+    """Run the test under the run's lock: a serial test alone among serial tests (and alone outright without a
+    cpu group for the rest); any other beside it, in that group."""
     global _KEPT
-    if "lock_dir" not in getattr(item.config, "workerinput", {}):
+    workerinput = getattr(item.config, "workerinput", {})
+    if "lock_dir" not in workerinput:
         return (yield)
-    root = pathlib.Path(item.config.workerinput["lock_dir"])
-    serial, beside = _serial(item), can_renice()
+    root = pathlib.Path(workerinput["lock_dir"])
+    serial, beside = _serial(item), workerinput.get("beside_cgroup")
     if beside:
-        # Per thread on Linux: the test's thread, whose children (the test's processes) inherit it.
-        os.setpriority(os.PRIO_PROCESS, 0, _BASE_NICE if serial else max(_BASE_NICE, BESIDE_NICE))
+        _join(workerinput["own_cgroup"] if serial else beside)
     if beside and not serial:
         held = None
     elif _KEPT is not None:               # the previous test was this file's serial test, and so is this one

@@ -1,6 +1,6 @@
 """The suite's own rule for parallel runs (tests/conftest.py): serial tests run one at a time, one file's back to
-back; beside them the other worker runs the rest at nice 19 where it can renice (CAP_SYS_NICE, as in CI), and
-waits otherwise (TFCLUSTER_TESTS_SERIAL_ALONE=1), once per file, not once per test.
+back; beside them the other worker runs the rest in a cpu group that gets only the CPU they leave idle, where the
+run may make one (root, as in CI), and waits otherwise (TFCLUSTER_TESTS_SERIAL_ALONE=1), once per file.
 
 Each case runs a small suite of sleeping tests under pytest-xdist with this repo's conftest.py and pytest.ini's
 worker settings, and reads the order in which the tests started and ended.
@@ -14,17 +14,18 @@ import sys
 
 import pytest
 
-from conftest import BESIDE_NICE, REPO, base_env, can_renice
+from conftest import REPO, base_env, can_run_beside, cpu_cgroup
 
 SLEEPER = """
 import os, time, pytest
+from conftest import cpu_cgroup
 {mark}
 @pytest.mark.parametrize("i", range({n}))
 def test_sleeps(i):
     with open({log!r}, "a") as f:
         f.write(f"{{time.time():.3f}} start {name}{{i}}\\n")
-    with open({log!r} + ".nice", "a") as f:
-        f.write(f"{name}{{i}} {{os.getpriority(os.PRIO_PROCESS, 0)}}\\n")
+    with open({log!r} + ".cgroup", "a") as f:
+        f.write(f"{name}{{i}} {{cpu_cgroup()}}\\n")
     time.sleep(0.3)
     with open({log!r}, "a") as f:
         f.write(f"{{time.time():.3f}} end {name}{{i}}\\n")
@@ -42,13 +43,13 @@ def ran(tmp_path, files, alone=True):
         mark = "pytestmark = pytest.mark.serial" if serial else ""
         (tmp_path / f"test_{name}.py").write_text(SLEEPER.format(mark=mark, n=n, log=log, name=name))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=90, env=base_env(**({"TFCLUSTER_TESTS_SERIAL_ALONE": "1"} if alone else {})))
+                       timeout=240, env=base_env(**({"TFCLUSTER_TESTS_SERIAL_ALONE": "1"} if alone else {})))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     lines = sorted(open(log).read().split("\n")[:-1], key=lambda line: float(line.split()[0]))
     return [line.split(None, 1)[1] for line in lines]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_a_files_serial_tests_run_back_to_back_with_nothing_beside_them(tmp_path):
     events = ran(tmp_path, {"alone": (True, 4), "left": (False, 4), "right": (False, 4)})
     alone = [i for i, e in enumerate(events) if e.endswith(tuple(f"alone{k}" for k in range(4)))]
@@ -60,7 +61,7 @@ def test_a_files_serial_tests_run_back_to_back_with_nothing_beside_them(tmp_path
     assert any(a.startswith("start") and b.startswith("start") for a, b in zip(shared, shared[1:])), events
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_two_files_serial_tests_each_run_whole_and_neither_waits_for_the_other_forever(tmp_path):
     # The worker that holds one file's lock gives it up at the file's end; both files run, each in one piece.
     events = ran(tmp_path, {"first": (True, 3), "second": (True, 3), "shared": (False, 6)})
@@ -69,9 +70,9 @@ def test_two_files_serial_tests_each_run_whole_and_neither_waits_for_the_other_f
         assert mine == list(range(mine[0], mine[0] + 6)), events
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.skipif(not can_renice(), reason="a worker can lower its nice only with CAP_SYS_NICE (root, as in CI)")
-def test_where_workers_can_renice_the_rest_runs_beside_serial_tests_at_the_lowest_priority(tmp_path):
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not can_run_beside(), reason="no cgroup v1 cpu controller this run may write (root, as in CI)")
+def test_where_a_cpu_group_can_be_made_the_rest_runs_beside_serial_tests_on_the_cpu_they_leave(tmp_path):
     events = ran(tmp_path, {"first": (True, 3), "second": (True, 3), "shared": (False, 12)}, alone=False)
     serial = [e for e in events if re.search(r" (first|second)\d$", e)]
     # Serial tests never overlap each other: each one's end comes before the next one's start.
@@ -87,7 +88,9 @@ def test_where_workers_can_renice_the_rest_runs_beside_serial_tests_at_the_lowes
         elif edge == "start" and running:
             beside += 1
     assert beside >= 3, events
-    nice = dict(line.split() for line in open(tmp_path / "log.nice").read().splitlines())
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert {n for t, n in nice.items() if t.startswith("shared")} == {str(max(base, BESIDE_NICE))}, nice
-    assert {n for t, n in nice.items() if not t.startswith("shared")} == {str(base)}, nice
+    group = dict(line.split() for line in open(tmp_path / "log.cgroup").read().splitlines())
+    own = cpu_cgroup("self")
+    beside = {g for t, g in group.items() if t.startswith("shared")}
+    assert len(beside) == 1 and os.path.dirname(beside.pop()) == own, group
+    assert {g for t, g in group.items() if not t.startswith("shared")} == {own}, group
+    assert not [d for d in os.listdir(own) if d.startswith("tfcluster-tests-")]      # removed at the end
