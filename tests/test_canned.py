@@ -129,9 +129,12 @@ def trained_on_a_cluster(tmp_path, name, tasks, *more):
     assert_clean_exit(run)
     steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
     assert set(steps) == {"worker:0", "worker:1"} and min(steps.values()) > 0, steps     # both trained
-    assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())    # one shared model
+    # One shared model: every step is the model's, but for the other worker's last one when it lands after the
+    # chief's final save (CI saw 199 + 2 steps and a checkpoint at 200, the chief slow to start).
+    final = checkpoint_value(tmp_path / "model", "global_step")
+    assert sum(steps.values()) - 1 <= final <= sum(steps.values()), (final, steps)
     evaluated = json.loads(run.printed("EVAL")["evaluator:0"])
-    assert evaluated["global_step"] == sum(steps.values()) and "loss" in evaluated, evaluated
+    assert evaluated["global_step"] == final and "loss" in evaluated, evaluated
     learns = not name.startswith("Baseline")          # a baseline predicts the label mean: nothing to learn beyond
     if learns and ("Classifier" in name or name in ("DNNEstimator", "DNNLinearCombinedEstimator", "wide_deep")):
         # 200 async steps: wide & deep on two ps reached 0.70 to 0.81 in three runs; the majority class is 0.56.

@@ -174,9 +174,9 @@ def test_after_the_ps_restart_the_run_resumes_from_the_last_checkpoint_losing_on
                                                                                                    reliability):
     f = async_faults.facts
     run = async_faults
-    t_restored, m = run.wait_for(r"\[worker:0\] .*worker:0 restored the model from \S*model\.ckpt-(\d+) \(", 1,
-                                 after=f["ps_kill_t"])
-    restored = int(m.group(1))
+    t_restored, m = run.wait_for(r"\[worker:0\] .*worker:0 restored the model from \S*model\.ckpt-(\d+) "
+                                 r"\(global step (\d+)", 1, after=f["ps_kill_t"])
+    restored, held = int(m.group(1)), int(m.group(2))
     assert restored == f["last_save_before_ps_kill"]
     # Each worker's first step after it lost its session: worker:1 may step on the restored model before the
     # chief's line saying it restored it reaches the log (the chief still runs its local init meanwhile).
@@ -190,11 +190,11 @@ def test_after_the_ps_restart_the_run_resumes_from_the_last_checkpoint_losing_on
     reliability(f"async: global steps lost to the ps kill (save interval {SAVE})", lost, "steps")
     reliability("async: seconds from the ps kill to the restore", waited, "s")
     # Async, two workers: the other worker's updates land while the chief saves, so model.ckpt-N holds a global
-    # step a few past N (the chief's restore line says which: tests/test_canned_faults.py holds it to that); CI
-    # saw the first logged step 4 past the checkpoint's name.
+    # step past N, as many as the save took (CI saw 4, and 16 with the machine's cores shared): the chief's restore
+    # line says which, and the first steps follow it (two at once when both workers step on it together).
     window = [line for t, line in run.lines if t_restored - 5 <= t <= t_restored + 5
               and re.search(r"global|restored|lost its session|recreat", line)]
-    assert restored <= resumed - 1 <= restored + 4, "\n".join(window)
+    assert restored <= held < resumed <= held + 2, "\n".join(window)
     assert 0 <= lost <= SAVE
 
 
