@@ -343,6 +343,13 @@ def pytest_runtest_protocol(item, nextitem):
             held.close()
 
 
+def pytest_collection_modifyitems(items):
+    """Tests in network namespaces share the machine's routes and Slurm's daemons: one at a time."""
+    for item in items:
+        if item.get_closest_marker("netns"):
+            item.add_marker(pytest.mark.serial)
+
+
 # ------------------------------------------------------------------ reliability figures
 #: (test, figure, value, unit) of the fault tests, printed in one table at the end of the run. Figures travel
 #: in each report's user_properties, so under xdist the controller, which prints the table, has them too.

@@ -40,7 +40,7 @@ def ran(tmp_path, files, alone=True):
                                          "addopts = -n 2 --dist loadfile -p no:cacheprovider\n")
     log = str(tmp_path / "log")
     for name, (serial, n) in files.items():
-        mark = "pytestmark = pytest.mark.serial" if serial else ""
+        mark = {True: "pytestmark = pytest.mark.serial", "netns": "pytestmark = pytest.mark.netns"}.get(serial, "")
         (tmp_path / f"test_{name}.py").write_text(SLEEPER.format(mark=mark, n=n, log=log, name=name))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=240, env=base_env(**({"TFCLUSTER_TESTS_SERIAL_ALONE": "1"} if alone else {})))
@@ -59,6 +59,13 @@ def test_a_files_serial_tests_run_back_to_back_with_nothing_beside_them(tmp_path
     # The shared files' tests overlapped outside that stretch: two workers ran them side by side.
     shared = events[:alone[0]] + events[alone[0] + 8:]
     assert any(a.startswith("start") and b.startswith("start") for a, b in zip(shared, shared[1:])), events
+
+
+@pytest.mark.timeout(300)
+def test_a_test_in_network_namespaces_is_a_serial_one(tmp_path):
+    events = ran(tmp_path, {"hosts": ("netns", 3), "left": (False, 4), "right": (False, 4)})
+    hosts = [i for i, e in enumerate(events) if re.search(r" hosts\d$", e)]
+    assert events[hosts[0]:hosts[0] + 6] == [f"{edge} hosts{k}" for k in range(3) for edge in ("start", "end")], events
 
 
 @pytest.mark.timeout(300)
