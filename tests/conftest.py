@@ -198,16 +198,15 @@ def no_process_left(pids, timeout=5.0):
 # pytest.ini runs the suite in two xdist workers, a test file to a worker (its module fixtures start once).
 # A test marked ``serial`` measures seconds (a fault's detection, a bound a user is promised) or owns what the
 # machine has one of (network namespaces, Slurm): serial tests run one at a time, each file's back to back (a
-# worker keeps the lock from one serial test to the next of the same file). Beside a serial test the other
-# worker goes on with the tests that measure nothing, in a cgroup of the cpu controller weighted 1/8 of a session
-# (BESIDE_SHARES against autogroups' 1024): when a serial test's processes want the CPU the rest gets 3-11 % of
-# it, and all it leaves idle (a fault test mostly waits out a timeout: the suite ran ~750 s of serial tests with a
-# core idle), and it is never starved outright (an idle-class group was: a run beside a busy machine stalled for
-# minutes). Not nice(2): the kernel's autogroups weigh each session alike whatever its processes' nice, and
-# every launcher and task a test starts is a session of its own. Where the machine has no cgroup v1 cpu
-# controller this run may write (root, as in CI), and with TFCLUSTER_TESTS_SERIAL_ALONE=1, a serial test runs
-# with nothing beside it: a readers-writer lock every test holds shared and a serial test alone, with a
-# turnstile that lets a waiting serial test in before the next shared holder, so it never starves.
+# worker keeps the lock from one serial test to the next of the same file). A serial test runs with nothing
+# beside it: a readers-writer lock every test holds shared and a serial test alone, with a turnstile that lets
+# a waiting serial test in before the next shared holder, so it never starves. With TFCLUSTER_TESTS_BESIDE=1
+# (where this run may write a cgroup v1 cpu controller: root) the other worker goes on beside a serial test in a
+# cpu group weighted 1/8 of a session (BESIDE_SHARES against autogroups' 1024), on what the serial test leaves
+# idle. Not the default: in three CI runs it cut the tests' time but each run had a timing test fail beside the
+# rest. Not nice(2) either: the kernel's autogroups weigh each session alike whatever its processes' nice, and
+# every launcher and task a test starts is a session of its own; and not an idle-class group, which starved the
+# rest outright beside a busy machine.
 #: How long a test waits for the lock: longer than any one test file's serial tests run (test_faults_users_hit's
 #: ~215 s in CI, the longest) plus one test of the other worker (pytest.ini's timeouts).
 LOCK_WAIT_SECS = 900
@@ -231,14 +230,14 @@ def cpu_cgroup(task="thread-self"):
 
 
 def can_run_beside() -> bool:
-    """True where a run puts the tests beside a serial one in a cpu group of their own (tests/conftest.py)."""
+    """True where a run may put the tests beside a serial one in a cpu group of their own (tests/conftest.py)."""
     here = cpu_cgroup("self")
-    return not os.environ.get("TFCLUSTER_TESTS_SERIAL_ALONE") and here is not None and os.access(here, os.W_OK)
+    return here is not None and os.access(here, os.W_OK)
 
 
 def _beside_cgroup():
     """The controller's cpu group for the tests that run beside a serial one, made now; None where it cannot be."""
-    if not can_run_beside():
+    if not (os.environ.get("TFCLUSTER_TESTS_BESIDE") == "1" and can_run_beside()):
         return None
     path = os.path.join(cpu_cgroup("self"), f"tfcluster-tests-{os.getpid()}")
     try:
