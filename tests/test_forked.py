@@ -11,12 +11,15 @@ import json
 import os
 import re
 import signal
+import sys
 
 import psutil
 import pytest
 
-from conftest import no_process_left, run_local
+from conftest import base_env, no_process_left, run_local
 from test_local import Run
+from tfcluster.core.errors import TfclusterError
+from tfcluster.launch.forked import ForkServer
 
 PROGRAM = r'''
 import json, os, random, sys, time
@@ -147,3 +150,17 @@ def test_ctrl_c_while_the_fork_server_imports_tensorflow_ends_the_run_at_once(tm
     os.kill(run.proc.pid, signal.SIGINT)
     assert run.finish(30) == 130, run.output
     assert "worker:0 started" not in run.output     # nothing was forked, nothing waited for the import to end
+
+
+@pytest.mark.timeout(120)
+def test_a_fork_server_that_died_is_named_with_how_it_ended_and_its_log(tmp_path):
+    server = ForkServer(base_env(), str(tmp_path / "forkserver.log"))
+    server.start()
+    try:
+        server.wait_ready(lambda: False)
+        os.kill(server.pid, signal.SIGKILL)
+        with pytest.raises(TfclusterError) as e:
+            server.spawn([sys.executable, "-m", "tfcluster.tf1", "train.py"], base_env())
+        assert str(e.value) == f"the TF1 fork server is gone (it was killed by SIGKILL); see its log: {server.log_path}"
+    finally:
+        server.stop()

@@ -6,10 +6,12 @@ records every process of the launcher's tree while it runs, so each test can
 check that none is left afterwards.
 """
 
+import ctypes
 import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -17,8 +19,9 @@ import time
 import psutil
 import pytest
 
-from conftest import Procs, base_env, kill_tree, no_process_left, run_cli
+from conftest import Procs, base_env, kill_tree, live_process, no_process_left, run_cli, wait_until
 from tfcluster import Task
+from tfcluster.core import posix
 from tfcluster.launch import Ending, LaunchConfig, LocalLauncher
 from tfcluster.topology.ports import pick_free_ports
 
@@ -257,6 +260,27 @@ def test_the_launchers_result_says_why_the_run_ended_which_task_ended_it_and_how
                                            max_restarts=1)).launch()
     assert recovered.succeeded and recovered.task("worker:1").restarts == 1
     assert recovered.closing_line() == "done: 2 trainer(s) succeeded; restarts: worker:1 1"
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_run_in_process_sweeps_its_tasks_orphans_and_never_the_callers_own_children(tmp_path, monkeypatch):
+    # A final sweep that took every child of the process killed the test worker's fork server (official CI of 06f1092).
+    monkeypatch.chdir(tmp_path)
+    mine = subprocess.Popen(["sleep", "60"])
+    try:
+        leave_an_orphan = ("import subprocess; orphan = subprocess.Popen(['sleep', '60'], start_new_session=True); "
+                           "open('orphan', 'w').write(str(orphan.pid))")
+        result = LocalLauncher(LaunchConfig([PY, "-c", leave_an_orphan], ps=0, workers=1, isolate=False,
+                                            subreaper=True)).launch()
+        assert result.succeeded, result.closing_line()
+        orphan = int((tmp_path / "orphan").read_text())
+        wait_until(lambda: live_process(orphan) is None, 10, f"the orphan {orphan} to be stopped")
+        assert mine.poll() is None          # alive, and not reaped by the launcher either
+        flag = ctypes.c_int(-1)
+        assert posix.prctl()(37, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value == 0    # PR_GET_CHILD_SUBREAPER
+    finally:
+        mine.kill()
+        mine.wait()
 
 
 def test_a_worker_killed_by_a_signal_makes_the_launcher_exit_128_plus_the_signal(procs, tmp_path):

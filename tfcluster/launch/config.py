@@ -45,7 +45,8 @@ class LaunchConfig:
     - ``isolate``: run the cluster in its own loopback-only network namespace;
       ``require_isolation``: stop before any task starts when it cannot be
       (the default runs the cluster exposed, saying so in one line).
-    - ``subreaper``: adopt the tasks' orphans so that none outlives the run.
+    - ``subreaper``: adopt the tasks' orphans so that none outlives the run
+      (children the calling process had before the run are never touched).
     - ``verbose``: TensorFlow's C++ logs and the launcher's debug lines.
     - ``env``: more variables for every task's environment.
     - ``gpus_per_worker``: GPUs of each worker and the chief (None: the listed

@@ -22,6 +22,7 @@ import time
 from typing import Optional
 
 from ..core.errors import TfclusterError
+from ..core.exits import describe_exit
 
 log = logging.getLogger("tfcluster")
 
@@ -29,6 +30,8 @@ log = logging.getLogger("tfcluster")
 #: either, but a server that never answers must not hang the run.
 READY_TIMEOUT = 300.0
 MESSAGE_BYTES = 1 << 20
+#: How long a ready server may take to answer a fork request (seconds).
+FORK_TIMEOUT = 30.0
 #: Variables that describe one task, never the server that imports for all of them.
 TASK_ONLY = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
 
@@ -145,19 +148,30 @@ class ForkServer:
             except OSError as e:
                 for r, _ in pipes:
                     os.close(r)
-                raise TfclusterError(f"the TF1 fork server is gone ({e.strerror}); see its log: "
-                                     f"{self.log_path}") from None
+                raise TfclusterError(f"the TF1 fork server is gone ({self._how_it_ended(e.strerror)}); see its "
+                                     f"log: {self.log_path}") from None
             finally:
                 for _, w in pipes:
                     os.close(w)
             while True:
-                message = self._receive(30.0)
+                message = self._receive(FORK_TIMEOUT)
                 if message is not None and "pid" in message:
                     return ForkedProcess(self, message["pid"], *(os.fdopen(r, "rb", buffering=0) for r, _ in pipes))
                 if self._gone or message is None:
                     for r, _ in pipes:
                         os.close(r)
-                    raise TfclusterError(f"the TF1 fork server did not fork the task; see its log: {self.log_path}")
+                    if self._gone:
+                        raise TfclusterError(f"the TF1 fork server is gone ({self._how_it_ended('it closed its end')}"
+                                             f"); see its log: {self.log_path}")
+                    raise TfclusterError(f"the TF1 fork server did not fork the task within {FORK_TIMEOUT:g}s; "
+                                         f"see its log: {self.log_path}")
+
+    def _how_it_ended(self, otherwise: str) -> str:
+        """``it was killed by SIGKILL`` or ``it exited with code 1`` once the server has ended, else ``otherwise``."""
+        try:
+            return "it " + describe_exit(self._popen.wait(1.0))
+        except (subprocess.TimeoutExpired, AttributeError):
+            return otherwise
 
     def returncode(self, pid: int) -> Optional[int]:
         """``pid``'s returncode once the server said it ended (then reaped), else None."""

@@ -275,6 +275,7 @@ class TaskGroup:
         self.subreaper = subreaper
         self.signals = signals      # the launcher's received signals: a second one means no more waiting
         self.forks = None           # the TF1-mode tasks' ForkServer (fork_tf1_tasks), stopped after every task
+        self.before = ()            # this process's children from before the run (become_subreaper): never ours
 
     def own_pids(self) -> set:
         """The pids of the tasks' own processes (leaders of their groups), and of the fork server they came from
@@ -302,13 +303,8 @@ class TaskGroup:
         own = self.own_pids()
         for p in procs:
             p.remember_descendants()
-        extra = []
-        if self.subreaper and everything:
-            try:
-                extra = psutil.Process().children(recursive=True)
-            except psutil.Error:
-                pass
-        others = [q for p in procs for q in p.known.values()] + [q for q in extra if q.pid not in own]
+        extra = self.adopted(own) if self.subreaper and everything else []
+        others = [q for p in procs for q in p.known.values()] + extra
         leaders = [p for p in procs if p.running]
         for p in leaders:
             p.signal_group(signal.SIGTERM)
@@ -351,10 +347,35 @@ class TaskGroup:
         if everything and self.forks is not None:
             self.forks.stop()
 
+    def adopted(self, own) -> list:
+        """This process's descendants that are not the tasks themselves (``own``): the tasks' descendants and the
+        orphans adopted as a subreaper, never the subtree of a child it had before the run."""
+        import psutil
+        found = []
+        try:
+            children = psutil.Process().children()
+        except psutil.Error:
+            return found
+        for child in children:
+            if child in self.before:
+                continue
+            try:
+                found += [q for q in [child] + child.children(recursive=True) if q.pid not in own]
+            except psutil.Error:        # it ended while we looked
+                pass
+        return found
+
     def become_subreaper(self):
         """Adopt the tasks' orphans (Linux's PR_SET_CHILD_SUBREAPER), where the system allows it."""
         # Orphans of our tasks (a daemonised grandchild) are then reparented to
         # us rather than init, so the final sweep finds and stops them too.
+        import psutil
+        try:
+            # A program that runs the launcher in-process may have children of its own (the test suite's fork
+            # server did, and a run's final sweep killed it): they and theirs are never swept.
+            self.before = set(psutil.Process().children())
+        except psutil.Error:
+            pass
         prctl = posix.prctl()
         if prctl is None:
             return      # posix.missing_features() said so in the launcher's first lines
@@ -363,16 +384,12 @@ class TaskGroup:
             log.debug("prctl(PR_SET_CHILD_SUBREAPER) failed: %s", os.strerror(ctypes.get_errno()))
 
     def sweep_adopted(self, stop: bool = True):
-        """Reap adopted zombies, and at the end stop every adopted orphan still running."""
+        """Reap adopted zombies, and at the end stop every adopted orphan still running and adopt no more."""
         if not self.subreaper:
             return
         import psutil
         own = self.own_pids()
-        try:
-            kids = [q for q in psutil.Process().children(recursive=True) if q.pid not in own]
-        except psutil.Error:
-            return
-        living = [q for q in kids if alive(q, own)]
+        living = [q for q in self.adopted(own) if alive(q, own)]
         if stop and living:
             log.debug("stopping %d orphaned process(es)", len(living))
             for q in living:
@@ -383,3 +400,7 @@ class TaskGroup:
             end = time.monotonic() + 5.0
             while any(alive(q, own) for q in living) and time.monotonic() < end:
                 time.sleep(0.02)
+        prctl = posix.prctl()
+        if stop and prctl is not None:
+            # Later orphans are init's again, as before the run: the launcher may have been a library call.
+            prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
