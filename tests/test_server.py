@@ -273,6 +273,48 @@ def test_a_ps_sigterm_drains_while_a_trainer_answers_but_not_once_every_trainer_
     assert said == [] and not stop.is_set()
 
 
+DONE_TOKENS_SCRIPT = textwrap.dedent("""
+    import os, random, sys, threading, time
+    import tensorflow as tf
+    from tfcluster.runtime import shutdown
+    from tfcluster.runtime.server import task_server
+    from tfcluster.topology.cluster import Cluster, Task
+
+    port, n = int(sys.argv[1]), int(sys.argv[2])
+    cluster = Cluster({"ps": [f"localhost:{port}"], "worker": [f"localhost:{i + 1}" for i in range(n)]}, Task("ps", 0))
+    server = task_server(cluster)
+    shutdown.DONE_POLL = 0.002          # the ps looks often: every token arrives close to some look
+    stop, ended = threading.Event(), []
+    ps = threading.Thread(target=lambda: ended.append(shutdown.serve_until_done(server, cluster, stop=stop)),
+                          daemon=True)
+    ps.start()
+    graph = tf.compat.v1.Graph()
+    with graph.as_default():
+        who = tf.compat.v1.placeholder(tf.string, [])
+        enqueue = shutdown._done_queue(Task("ps", 0)).enqueue([who])
+    names = [f"worker:{i}" for i in range(n)]
+    random.shuffle(names)
+    with tf.compat.v1.Session(server.target, graph=graph, config=cluster.session_config()) as sess:
+        for name in names:
+            time.sleep(random.uniform(0, 0.004))
+            sess.run(enqueue, {who: name})
+    ps.join(20)
+    print("ENDED", ended[0].name if ended else "NOT: the ps still serves", flush=True)
+    os._exit(0)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_ps_counts_every_trainers_done_token_however_it_arrives_against_its_looks(tmp_path, ports):
+    # A dequeue whose run timed out as a token arrived took the token and dropped it: the ps never counted that
+    # trainer and served on for ever (CI-24's sync run). 300 tokens, each within a few ms of one of the ps's looks.
+    r = subprocess.run([sys.executable, "-c", DONE_TOKENS_SCRIPT, str(ports(1)[0]), "300"], capture_output=True,
+                       text=True, timeout=100, cwd=str(tmp_path), env=base_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ENDED DONE" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
 def test_a_port_in_use_is_refused_in_one_line_naming_the_task_port_and_holder(ports):
     (p_w,) = ports(1)
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
