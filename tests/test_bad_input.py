@@ -4,7 +4,8 @@ Each row runs the real ``tfcluster`` command (``local`` where a whole cluster
 makes sense, ``start`` for a task that waits on other hosts) in a child
 process and checks three things: exactly one error line on stderr that names
 the culprit, the exit code, and that the command ended inside its bound
-(bounded waits use ``--timeout``). Errors found before anything starts are
+(bounded waits use ``--timeout``; each bound is several times what the row takes
+alone, so the rows run beside other tests). Errors found before anything starts are
 ``tfcluster: error: ...`` with exit 2 and nothing started; a task that fails
 once started is named by the launcher in one ``[tfcluster] error:`` line on
 stderr with its own last exception line and its log file.
@@ -32,8 +33,6 @@ from tfcluster.core import environment
 from tfcluster.core.checks import seconds_from
 from tfcluster.core.errors import SpecError
 from tfcluster.topology.ports import pick_free_ports
-
-pytestmark = pytest.mark.serial     # each row's end inside its bound is measured in seconds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIT_JOB = os.path.join(HERE, "jobs", "fit_job.py")
