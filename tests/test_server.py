@@ -283,7 +283,7 @@ DONE_TOKENS_SCRIPT = textwrap.dedent("""
     port, n = int(sys.argv[1]), int(sys.argv[2])
     cluster = Cluster({"ps": [f"localhost:{port}"], "worker": [f"localhost:{i + 1}" for i in range(n)]}, Task("ps", 0))
     server = task_server(cluster)
-    shutdown.DONE_POLL = 0.002          # the ps looks often: every token arrives close to some look
+    shutdown.DONE_POLL_SECS = 0.002          # the ps looks often: every token arrives close to some look
     stop, ended = threading.Event(), []
     ps = threading.Thread(target=lambda: ended.append(shutdown.serve_until_done(server, cluster, stop=stop)),
                           daemon=True)

@@ -41,7 +41,7 @@ _DONE_CAPACITY = 4096
 #: Seconds a ps stays up after the last done token, so the sender hears back.
 _DONE_LINGER = 2.0
 #: Seconds between a ps's looks at its done queue.
-DONE_POLL = 0.1
+DONE_POLL_SECS = 0.1
 
 
 def _done_queue(ps: Task):
@@ -149,7 +149,7 @@ def _serve(server, cluster: Cluster, task: Optional[Task], stop: threading.Event
             # on for ever (CI-24's sync run; tests/test_server.py's done-token test loses them that way).
             n = sess.run(waiting)
             if not n:
-                stop.wait(DONE_POLL)
+                stop.wait(DONE_POLL_SECS)
                 continue
             for who in (w.decode() for w in sess.run(take, {count: n})):
                 if who in expected and who not in seen:
