@@ -340,6 +340,9 @@ def cluster_throughput(run):
     rs = run["results"]
     if len(rs) == 1 and rs[0].get("cluster_total") or "timeline" not in rs[0]:
         return sum(r["examples_per_sec"] for r in rs)
+    if any(r["first_step_at"] is None for r in rs):
+        # A worker that never stepped (the others reached the step target before it started): no common window.
+        return sum(r["examples_per_sec"] for r in rs)
     start = max(r["first_step_at"] for r in rs)
     end = min(r["last_step_at"] for r in rs)
     if end - start < 1.0:  # no real overlap: fall back to each worker's own rate
@@ -378,12 +381,14 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
         for name in order:
             t = time.time()
             try:
-                runs[name].append(configs[name][2]())
-                print(f"bench: {name} rep {rep + 1}/{reps}: {cluster_throughput(runs[name][-1]):.0f} examples/s "
-                      f"({time.time() - t:.0f}s)", flush=True)
+                run = configs[name][2]()
+                rate = cluster_throughput(run)
             except Exception as e:  # a broken row is reported, not fatal to the others
-                runs[name].append(None)  # keeps every row's repeats aligned for the paired ratios
+                runs[name].append(None)  # one entry a repeat: every row's repeats stay aligned for the paired ratios
                 print(f"bench: {name} rep {rep + 1} failed: {str(e).splitlines()[0]}", flush=True)
+                continue
+            runs[name].append(run)
+            print(f"bench: {name} rep {rep + 1}/{reps}: {rate:.0f} examples/s ({time.time() - t:.0f}s)", flush=True)
     extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={},
                  import_cpu={kind: [] for kind in IMPORTS}, import_rss={kind: [] for kind in IMPORTS},
                  tf1_cpu={"fork": [], "no_fork": []}, tf1_wall={"fork": [], "no_fork": []})

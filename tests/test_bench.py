@@ -46,6 +46,18 @@ def test_a_failed_repeat_drops_out_of_the_paired_ratios_without_shifting_the_oth
     assert best([None, 5.0, None], [4.0, 6.0, None]) == [4.0, 6.0, None]
 
 
+def test_a_worker_that_never_stepped_leaves_the_cluster_rate_to_the_others_and_no_start_up_figure():
+    # Under load the second worker of a short run may start after the first reached the step target (CI-27).
+    stepped = dict(examples_per_sec=1000.0, first_step_at=10.0, last_step_at=12.0, timeline=[(10.0, 1), (12.0, 50)],
+                   batch=40)
+    idle = dict(examples_per_sec=0.0, first_step_at=None, last_step_at=None, timeline=[(None, 0)], batch=40)
+    run = dict(results=[stepped, idle], launched=5.0, exited=13.0, layout="2 workers, 1 ps")
+    assert bench.cluster_throughput(run) == 1000.0
+    figs = figures({"tfcluster_async": [run]}, {"tfcluster_async": [1000.0]}, {"tf_import": [4.0]})
+    assert "P5 s launch to every first step (tfcluster)" not in figs
+    assert figs["P6 s last step to every process gone"]["median"] == 1.0
+
+
 def test_layouts_say_worker_or_workers():
     assert bench.layout(1, 1) == "1 worker, 1 ps"
     assert bench.layout(2) == "2 workers"

@@ -78,11 +78,13 @@ def met(goal, median):
 
 
 def _first_steps_after_launch(run):
-    return None if run is None else max(r["first_step_at"] for r in run["results"]) - run["launched"]
+    firsts = [] if run is None else [r["first_step_at"] for r in run["results"]]
+    return None if not firsts or None in firsts else max(firsts) - run["launched"]   # a worker that never stepped: none
 
 
 def _teardown_seconds(run):
-    return None if run is None else run["exited"] - max(r["last_step_at"] for r in run["results"])
+    lasts = [] if run is None else [r["last_step_at"] for r in run["results"] if r["last_step_at"] is not None]
+    return None if not lasts else run["exited"] - max(lasts)
 
 
 def figures(runs, thr, extra):
