@@ -338,10 +338,10 @@ def cluster_throughput(run):
     if run is None:
         return None
     rs = run["results"]
-    if len(rs) == 1 and rs[0].get("cluster_total") or "timeline" not in rs[0]:
-        return sum(r["examples_per_sec"] for r in rs)
-    if any(r["first_step_at"] is None for r in rs):
-        # A worker that never stepped (the others reached the step target before it started): no common window.
+    # One total, no timelines, or a worker that never stepped (the others reached the step target before it
+    # started): no common window, each worker's own rate.
+    if len(rs) == 1 and rs[0].get("cluster_total") or "timeline" not in rs[0] \
+            or any(r["first_step_at"] is None for r in rs):
         return sum(r["examples_per_sec"] for r in rs)
     start = max(r["first_step_at"] for r in rs)
     end = min(r["last_step_at"] for r in rs)

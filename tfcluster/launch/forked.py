@@ -148,8 +148,7 @@ class ForkServer:
             except OSError as e:
                 for r, _ in pipes:
                     os.close(r)
-                raise TfclusterError(f"the TF1 fork server is gone ({self._how_it_ended(e.strerror)}); see its "
-                                     f"log: {self.log_path}") from None
+                raise self._gone_error(e.strerror) from None
             finally:
                 for _, w in pipes:
                     os.close(w)
@@ -161,17 +160,18 @@ class ForkServer:
                     for r, _ in pipes:
                         os.close(r)
                     if self._gone:
-                        raise TfclusterError(f"the TF1 fork server is gone ({self._how_it_ended('it closed its end')}"
-                                             f"); see its log: {self.log_path}")
+                        raise self._gone_error("it closed its end")
                     raise TfclusterError(f"the TF1 fork server did not fork the task within {FORK_TIMEOUT:g}s; "
                                          f"see its log: {self.log_path}")
 
-    def _how_it_ended(self, otherwise: str) -> str:
-        """``it was killed by SIGKILL`` or ``it exited with code 1`` once the server has ended, else ``otherwise``."""
+    def _gone_error(self, otherwise: str) -> TfclusterError:
+        """The one line for a server found gone: how it ended (``it was killed by SIGKILL``) once it has, else
+        ``otherwise``, and its log."""
         try:
-            return "it " + describe_exit(self._popen.wait(1.0))
+            how = "it " + describe_exit(self._popen.wait(1.0))
         except (subprocess.TimeoutExpired, AttributeError):
-            return otherwise
+            how = otherwise
+        return TfclusterError(f"the TF1 fork server is gone ({how}); see its log: {self.log_path}")
 
     def returncode(self, pid: int) -> Optional[int]:
         """``pid``'s returncode once the server said it ended (then reaped), else None."""

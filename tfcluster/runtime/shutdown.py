@@ -146,7 +146,7 @@ def _serve(server, cluster: Cluster, task: Optional[Task], stop: threading.Event
         while not stop.is_set():
             # Only what is already there is taken, never with a deadline: a dequeue whose run timed out as a
             # token arrived took the token and dropped it, so that trainer was never counted and the ps served
-            # on for ever (CI-24's sync run; tests/test_server.py's done-token test loses them that way).
+            # on for ever (CI-24's sync run; tests/test_server.py's done-token test fails on that loop).
             n = sess.run(waiting)
             if not n:
                 stop.wait(DONE_POLL_SECS)
