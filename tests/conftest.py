@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import psutil
@@ -196,98 +195,40 @@ def no_process_left(pids, timeout=5.0):
 
 # ------------------------------------------------------------------ tests side by side
 # pytest.ini runs the suite in two xdist workers, a test file to a worker (its module fixtures start once).
-# A test marked ``serial`` measures seconds (a fault's detection, a bound a user is promised) or owns what the
-# machine has one of (network namespaces, Slurm): serial tests run one at a time, each file's back to back (a
-# worker keeps the lock from one serial test to the next of the same file). A serial test runs with nothing
-# beside it: a readers-writer lock every test holds shared and a serial test alone, with a turnstile that lets
-# a waiting serial test in before the next shared holder, so it never starves. With TFCLUSTER_TESTS_BESIDE=1
-# (where this run may write a cgroup v1 cpu controller: root) the other worker goes on beside a serial test in a
-# cpu group weighted 1/8 of a session (BESIDE_SHARES against autogroups' 1024), on what the serial test leaves
-# idle. Not the default: in three CI runs it cut the tests' time but each run had a timing test fail beside the
-# rest. Not nice(2) either: the kernel's autogroups weigh each session alike whatever its processes' nice, and
-# every launcher and task a test starts is a session of its own; and not an idle-class group, which starved the
-# rest outright beside a busy machine.
+# A test marked ``serial`` measures seconds against a bound (a fault's detection, a bound a user is promised):
+# serial tests run one at a time with nothing beside them, each file's back to back (a worker keeps the lock
+# from one serial test to the next of the same file). A readers-writer lock every test holds shared and a serial
+# test alone, with a turnstile that lets a waiting serial test in before the next shared holder, so it never
+# starves. Tests in network namespaces are not serial: each makes namespaces of its own (tests/netns.py, a
+# prefix of its own), Slurm's daemons are one file's (tests/test_slurm.py), and what they time has bounds loose
+# enough for a busy machine; their few tight ones are marked serial there.
+# Files with serial tests are handed out first (pytest.ini's --no-loadscope-reorder keeps this order): both
+# workers start on them, so one file's serial run follows another's with no wait for a test of the other worker
+# to end, and the run ends on tests that share the machine, not on one worker's serial file with the other idle.
 #: How long a test waits for the lock: longer than any one test file's serial tests run (test_faults_users_hit's
 #: ~215 s in CI, the longest) plus one test of the other worker (pytest.ini's timeouts).
 LOCK_WAIT_SECS = 900
-#: The cpu.shares of the tests beside a serial one (a session's autogroup weighs 1024).
-BESIDE_SHARES = 128
 #: This worker's exclusive hold, kept from a serial test to the next when it is the same file's.
 _KEPT = None
 
 
-def cpu_cgroup(task="thread-self"):
-    """The directory of ``task``'s cgroup v1 cpu controller group, or None where there is none."""
-    try:
-        with open("/proc/mounts") as f:
-            mounts = [line.split() for line in f]
-        mount = next(m[1] for m in mounts if m[2] == "cgroup" and "cpu" in m[3].split(","))
-        with open(f"/proc/{task}/cgroup") as f:
-            path = next(line.rstrip("\n").split(":", 2)[2] for line in f if "cpu" in line.split(":")[1].split(","))
-    except (OSError, StopIteration):
-        return None
-    return os.path.normpath(os.path.join(mount, path.lstrip("/")))
-
-
-def can_run_beside() -> bool:
-    """True where a run may put the tests beside a serial one in a cpu group of their own (tests/conftest.py)."""
-    here = cpu_cgroup("self")
-    return here is not None and os.access(here, os.W_OK)
-
-
-def _beside_cgroup():
-    """The controller's cpu group for the tests that run beside a serial one, made now; None where it cannot be."""
-    if not (os.environ.get("TFCLUSTER_TESTS_BESIDE") == "1" and can_run_beside()):
-        return None
-    path = os.path.join(cpu_cgroup("self"), f"tfcluster-tests-{os.getpid()}")
-    try:
-        os.mkdir(path)
-        with open(os.path.join(path, "cpu.shares"), "w") as f:
-            f.write(str(BESIDE_SHARES))
-    except OSError:
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
-        return None
-    return path
-
-
-def _join(group):
-    """Move this thread (the test's: its processes inherit it) into the cpu group ``group``."""
-    with open(os.path.join(group, "tasks"), "w") as f:
-        f.write(str(threading.get_native_id()))
-
-
 def pytest_configure(config):
-    """The controller of a parallel run makes the folder its workers' lock files live in, and their cpu group."""
+    """The controller of a parallel run makes the folder its workers' lock files live in."""
     if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None) \
             and not hasattr(config, "workerinput"):
         config.lock_dir = tempfile.mkdtemp(prefix="tfcluster-tests-")
-        config.beside_cgroup = _beside_cgroup()
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
-    """Each xdist worker is told where the run's lock files and cpu group are."""
+    """Each xdist worker is told where the run's lock files are."""
     node.workerinput["lock_dir"] = node.config.lock_dir
-    node.workerinput["beside_cgroup"] = node.config.beside_cgroup
-    node.workerinput["own_cgroup"] = cpu_cgroup("self")
 
 
 def pytest_unconfigure(config):
-    """The controller removes the lock files and the cpu group when the run ends (the workers have left it)."""
+    """The controller removes the lock files when the run ends."""
     if getattr(config, "lock_dir", None):
         shutil.rmtree(config.lock_dir, ignore_errors=True)
-    if getattr(config, "beside_cgroup", None):
-        deadline = time.monotonic() + 10
-        while os.path.isdir(config.beside_cgroup):
-            try:
-                os.rmdir(config.beside_cgroup)
-            except OSError:             # a last process of a test still leaving
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
 
 
 def _flock(path, mode, what):
@@ -311,19 +252,14 @@ def _serial(item):
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)    # outermost: the wait is not part of the test's timeout
 def pytest_runtest_protocol(item, nextitem):
-    """Run the test under the run's lock: a serial test alone among serial tests (and alone outright without a
-    cpu group for the rest); any other beside it, in that group."""
+    """Run the test under the run's lock: a serial test alone, any other beside any other but a serial one."""
     global _KEPT
     workerinput = getattr(item.config, "workerinput", {})
     if "lock_dir" not in workerinput:
         return (yield)
     root = pathlib.Path(workerinput["lock_dir"])
-    serial, beside = _serial(item), workerinput.get("beside_cgroup")
-    if beside:
-        _join(workerinput["own_cgroup"] if serial else beside)
-    if beside and not serial:
-        held = None
-    elif _KEPT is not None:               # the previous test was this file's serial test, and so is this one
+    serial = _serial(item)
+    if _KEPT is not None:                 # the previous test was this file's serial test, and so is this one
         held, _KEPT = _KEPT, None
     else:
         turnstile = _flock(root / "serial.turnstile", fcntl.LOCK_EX, "the other worker's serial test")
@@ -338,15 +274,14 @@ def pytest_runtest_protocol(item, nextitem):
         # xdist's worker knows its next test before it runs this one, so nextitem is the one that follows.
         if serial and _serial(nextitem) and nextitem.path == item.path:
             _KEPT = held
-        elif held is not None:
+        else:
             held.close()
 
 
 def pytest_collection_modifyitems(items):
-    """Tests in network namespaces share the machine's routes and Slurm's daemons: one at a time."""
-    for item in items:
-        if item.get_closest_marker("netns"):
-            item.add_marker(pytest.mark.serial)
+    """Files with a serial test first, each file's tests in their own order (see "tests side by side")."""
+    serial_files = {item.path for item in items if _serial(item)}
+    items.sort(key=lambda item: item.path not in serial_files)     # sort is stable
 
 
 # ------------------------------------------------------------------ reliability figures

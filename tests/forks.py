@@ -22,18 +22,16 @@ import tempfile
 import threading
 import time
 
-from conftest import cpu_cgroup
 from tfcluster.core import posix
 from tfcluster.launch.forked import ForkServer, forkable
 from tfcluster.launch.processes import die_with
 
 _SERVER = None
-_SERVER_GROUP = None
 
 
 def _server(env) -> ForkServer:
     """This worker's fork server, started with the first program's environment (what it imports with)."""
-    global _SERVER, _SERVER_GROUP
+    global _SERVER
     if _SERVER is None:
         fd, log_path = tempfile.mkstemp(prefix="tfcluster-test-forkserver-", suffix=".log")
         os.close(fd)
@@ -41,7 +39,6 @@ def _server(env) -> ForkServer:
         # As the launcher's own: the server dies with this test worker, even by SIGKILL.
         _SERVER = ForkServer(env, log_path, die_with=die_with(os.getpid(), prctl) if prctl else None)
         _SERVER.start()
-        _SERVER_GROUP = cpu_cgroup()        # its forks' too: tests/conftest.py's group for the test that started it
         atexit.register(_SERVER.stop)
     return _SERVER
 
@@ -65,8 +62,7 @@ def run(argv, env, cwd=None, timeout=None) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)``; a TF1-mode
     program (:func:`tfcluster.launch.forked.forkable`) is forked from this worker's fork server."""
     argv = [str(a) for a in argv]
-    if os.environ.get("TFCLUSTER_NO_FORK") or not forkable(argv, env) or not _imports_alike(env, _server(env)) \
-            or cpu_cgroup() != _SERVER_GROUP:        # a serial test's, where the server is beside them
+    if os.environ.get("TFCLUSTER_NO_FORK") or not forkable(argv, env) or not _imports_alike(env, _server(env)):
         return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
     server = _server(env)
     child = server.spawn(argv, env, cwd=str(cwd) if cwd else None, stderr=True)
