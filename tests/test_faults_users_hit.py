@@ -35,7 +35,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FIT_JOB = [sys.executable, os.path.join(HERE, "jobs", "fit_job.py")]
 STEP = r"\[(worker:\d)\] .*step \d+ \(global (\d+)"
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]     # serial: a fault's detection is measured in seconds
+pytestmark = pytest.mark.slow
+#: A cluster's fault whose detection and recovery are measured in seconds: alone on the machine (tests/conftest.py).
+timed = pytest.mark.serial
 
 
 def steps_of(stream, task, after=0.0, before=float("inf")):
@@ -55,6 +57,7 @@ def launched_pid(stream, task, nth=0):
 
 
 # ================================================================ the chief
+@timed
 @pytest.mark.timeout(300)
 def test_a_restarted_chief_joins_the_live_model_and_nobody_rolls_back(procs, tmp_path, reliability):
     run = local_run(procs, tmp_path, "--ps", "1", "--workers", "2", "--max-restarts", "1", "--timeout", "250",
@@ -92,6 +95,7 @@ class HandCluster:
             f"worker:{i}") for i in range(workers)]
 
 
+@timed
 @pytest.mark.timeout(240)
 def test_a_chief_gone_for_good_is_named_by_the_workers_in_bounded_time_and_the_ps_still_exits(
         procs, tmp_path, reliability):
@@ -112,6 +116,7 @@ def test_a_chief_gone_for_good_is_named_by_the_workers_in_bounded_time_and_the_p
 
 
 # ==================================================================== the ps
+@timed
 @pytest.mark.timeout(300)
 def test_a_ps_that_stops_answering_is_named_in_bounded_time_and_training_resumes_when_it_answers(
         procs, tmp_path, reliability):
@@ -139,6 +144,7 @@ def test_a_ps_that_stops_answering_is_named_in_bounded_time_and_training_resumes
     reliability("global steps lost to the silent ps", max(0, at_stop - int(m.group(1))), "steps")
 
 
+@timed
 @pytest.mark.timeout(300)
 def test_a_ps_lost_before_the_first_save_is_initialised_again_and_the_chief_says_so(procs, tmp_path, reliability):
     run = local_run(procs, tmp_path, "--ps", "1", "--workers", "2", "--max-restarts", "1", "--timeout", "250",
@@ -155,6 +161,7 @@ def test_a_ps_lost_before_the_first_save_is_initialised_again_and_the_chief_says
     reliability("global steps lost (no checkpoint yet)", at_kill, "steps")
 
 
+@timed
 @pytest.mark.timeout(300)
 def test_a_killed_ps_whose_newest_checkpoint_is_truncated_recovers_from_the_older_one(procs, tmp_path, reliability):
     ckpt = tmp_path / "ckpt"
@@ -177,6 +184,7 @@ def test_a_killed_ps_whose_newest_checkpoint_is_truncated_recovers_from_the_olde
 
 
 # ======================================================== sync, 2 of 3 workers
+@timed
 @pytest.mark.timeout(330)
 def test_a_sync_run_aggregating_2_of_3_workers_outlives_a_killed_non_chief_and_a_killed_chief(
         procs, tmp_path, reliability):

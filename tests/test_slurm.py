@@ -27,7 +27,9 @@ from netns import unavailable_reason as netns_unavailable
 from slurmhost import Node, Slurm
 from tfcluster.topology.slurm import expand_hostlist
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]     # serial: one Slurm per machine, and its jobs' seconds are measured
+# One Slurm per machine is this file's alone: a file runs on one test worker (pytest.ini). Serial: the tests
+# that bound seconds (tests/conftest.py, "tests side by side").
+pytestmark = pytest.mark.slow
 
 FIT_JOB = [sys.executable, os.path.join(REPO, "tests", "jobs", "fit_job.py")]
 SBATCH_SCRIPT = os.path.join(REPO, "examples", "slurm", "train.sbatch")
@@ -126,6 +128,7 @@ def test_srun_trains_a_fit_job_across_three_nodes_to_its_step_target_and_every_t
 
 
 # ------------------------------------------------------------------ the end of a job
+@pytest.mark.serial
 @pytest.mark.timeout(180)
 def test_a_finished_worker_whose_ps_is_already_gone_neither_waits_nor_warns(slurm_one, procs, tmp_path, reliability):
     # fit tells the ps that its worker is done; the ps exits once every trainer has. tfcluster start then
@@ -213,6 +216,7 @@ def global_steps(stream, after=0.0, before=float("inf")) -> list:
 # the chief's last checkpoint still reaches it; before, the workers lost their session before they could
 # save and sat in recovery until Slurm's SIGKILL 30 s later (KillWait).
 @pytest.mark.netns
+@pytest.mark.serial
 @pytest.mark.timeout(300)
 def test_scancel_mid_training_saves_a_checkpoint_ends_every_task_and_a_resubmitted_job_resumes_after_it(
         slurm_hosts, procs, tmp_path, reliability):
