@@ -27,7 +27,7 @@ PACKAGE = os.path.join(REPO, "tfcluster")
 #: each other); each folder is a list of rooms, lowest first. A module may import from any lower layer, and
 #: from the rooms of its own folder before its own.
 LAYERS = [
-    [("core", [["core.version", "core.exits", "core.environment", "core.patches"], ["core.errors"], ["core.tferrors", "core.logs", "core.checks"],
+    [("core", [["core.version", "core.exits", "core.environment", "core.patches"], ["core.errors"], ["core.tferrors", "core.logs", "core.checks", "core.programs"],
                ["core.duplicates"], ["core.posix", "core.tfguard", "core.private"], ["core"]])],
     [("topology", [["topology.ports", "topology.slurm", "topology.tfconfig"],
                    ["topology.cluster"], ["topology.taskenv", "topology.devices"], ["topology"]])],

@@ -8,6 +8,7 @@
 - :mod:`.checks`: the checks of a count or a duration, worded the same everywhere;
 - :mod:`.tferrors`: one line of a TensorFlow error, and which errors a lost task causes;
 - :mod:`.logs`: how tfcluster's log lines look in the CLI, the launcher and TF1 mode;
+- :mod:`.programs`: a program run by a mode (TF1, TF2): its command rewritten, the program run as ``__main__``;
 - :mod:`.duplicates`: TF 2.21's false duplicate-request aborts and the one rerun of them;
 - :mod:`.posix`: the POSIX features the launcher uses, and what is off where one is missing;
 - :mod:`.private`: files only their owner reads (task logs, cluster files);

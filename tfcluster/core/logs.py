@@ -6,8 +6,8 @@ the programs do, here:
 - the CLI: ``HH:MM:SS tfcluster: message`` on stderr (:func:`setup_cli_logging`);
 - the local launcher: ``[tfcluster] message`` lines among its tasks' prefixed
   lines, errors on stderr (:func:`use_prefixed_logging`);
-- TF1 mode: ``tfcluster: warning: message``, the shape of the CLI's one-line
-  errors, unless the script set up the logger itself (:func:`setup_tf1_logging`);
+- TF1 and TF2 mode: ``tfcluster: info: message``, the shape of the CLI's one-line
+  errors, unless the script set up the logger itself (:func:`setup_program_logging`);
   and the script's own ``tf.logging`` lines once each, in the format it chose
   (:func:`tensorflow_lines_once`), without tf-keras's thread notice
   (:func:`quiet_keras_thread_notice`, also under :func:`tfcluster.keras.fit`).
@@ -53,7 +53,7 @@ def setup_cli_logging(verbose: bool = False):
     _install(handler, logging.DEBUG if debug_wanted(verbose) else logging.INFO)
 
 
-def setup_tf1_logging():
+def setup_program_logging():
     """``tfcluster: warning: message`` on stderr, unless the ``tfcluster`` logger already has a handler."""
     if log.handlers:
         return

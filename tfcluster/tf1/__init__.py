@@ -261,16 +261,6 @@ def _quiet_deprecations(deprecation):
 
 
 # ------------------------------------------------------------------ commands
-_PY_OPTS_WITH_ARG = {"-W", "-X", "-Q"}
-
-
-def _is_python(word: str) -> bool:
-    base = os.path.basename(word)
-    if word == sys.executable:
-        return True
-    return base == "python" or (base.startswith("python") and base[6:].replace(".", "").isdigit())
-
-
 def tf1_command(command, session_fixes_only: bool = False) -> list:
     """Rewrite ``python [OPTS] script.py ARGS`` to ``python [OPTS] -m tfcluster.tf1 script.py ARGS``.
 
@@ -279,17 +269,5 @@ def tf1_command(command, session_fixes_only: bool = False) -> list:
     mode is returned as it is; anything that is not a Python script or
     ``-m module`` raises TfclusterError.
     """
-    from ..core.errors import TfclusterError
-    command = list(command)
-    if not command or not _is_python(command[0]):
-        got = command[0] if command else "nothing"
-        raise TfclusterError(f"--tf1 runs Python scripts: the command must be 'python script.py ...' (got {got!r})")
-    i = 1
-    while i < len(command) and command[i].startswith("-") and command[i] not in ("-", "-m", "-c"):
-        i += 2 if command[i] in _PY_OPTS_WITH_ARG else 1
-    if i >= len(command) or command[i] in ("-", "-c"):
-        raise TfclusterError("--tf1 needs a script or '-m module' after python, not "
-                             + (repr(command[i]) if i < len(command) else "nothing"))
-    if command[i] == "-m" and command[i + 1:i + 2] == ["tfcluster.tf1"]:
-        return command
-    return command[:i] + ["-m", "tfcluster.tf1"] + ([SESSION_FIXES_ONLY] if session_fixes_only else []) + command[i:]
+    from ..core.programs import mode_command
+    return mode_command(command, "tfcluster.tf1", "--tf1", [SESSION_FIXES_ONLY] if session_fixes_only else [])

@@ -16,22 +16,16 @@ stalled for good).
 """
 
 import os
-import runpy
 import sys
 
 from ..core.errors import TfclusterError
 from ..core.exits import EXIT_USAGE, run_as_main
-from ..core.logs import setup_tf1_logging
+from ..core.logs import setup_program_logging
+from ..core.programs import Program, fail
 from . import SESSION_FIXES_ONLY
 
 USAGE = "usage: python -m tfcluster.tf1 [--session-fixes-only] SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
 _KERAS3_MARK = "is not available with Keras 3"
-
-
-def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    sys.stderr.write(f"tfcluster: error: {message}\n")
-    sys.stderr.flush()
-    return code
 
 
 def _one_line_cause(error):
@@ -76,27 +70,16 @@ def _script_line(error) -> str:
 def main(argv=None) -> int:
     """Run a TF1 script or module in TF1 mode; returns its exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        return _fail(f"no script given; {USAGE}")
-    if argv[0] in ("-h", "--help"):
+    if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
         print(__doc__.split("\n\n", 1)[1].strip())
         return 0
-    fixes_only = argv[0] == SESSION_FIXES_ONLY
-    if fixes_only:
-        argv = argv[1:]
-        if not argv:
-            return _fail(f"no script given; {USAGE}")
-    module = None
-    if argv[0] == "-m":
-        if len(argv) < 2:
-            return _fail(f"-m needs a module name; {USAGE}")
-        module, args = argv[1], argv[2:]
-    else:
-        script, args = argv[0], argv[1:]
-        if not os.path.isfile(script):
-            return _fail(f"no such script: {script}")
-    setup_tf1_logging()
+    fixes_only = argv[:1] == [SESSION_FIXES_ONLY]
+    try:
+        program = Program.parse(argv[1:] if fixes_only else argv, USAGE)
+    except TfclusterError as e:
+        return fail(str(e), e.exit_code)
+    setup_program_logging()
 
     from . import install, install_session_fixes
     try:
@@ -107,25 +90,18 @@ def main(argv=None) -> int:
         else:
             install()
     except ImportError as e:
-        return _fail(f"cannot import TensorFlow for TF1 mode: {e}")
+        return fail(f"cannot import TensorFlow for TF1 mode: {e}", EXIT_USAGE)
     except TfclusterError as e:         # a TFCLUSTER_* setting TF1 mode reads, say
-        return _fail(str(e), e.exit_code)
+        return fail(str(e), e.exit_code)
     try:
-        if module is not None:
-            sys.argv = [module] + args
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = [script] + args
-            # As `python script.py` does: the script's directory comes first on sys.path.
-            sys.path[0] = os.path.dirname(os.path.abspath(script))
-            runpy.run_path(script, run_name="__main__")
+        program.run()
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # noqa: BLE001 - only a few kinds become one line; the rest re-raise
         cause = _one_line_cause(e)
         if cause is None:
             raise
-        return _fail(*cause)
+        return fail(*cause)
     return 0
 
 
