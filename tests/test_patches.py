@@ -44,11 +44,27 @@ def test_every_target_exists_on_the_pinned_versions_with_the_parameters_its_patc
     assert len(registry) >= 20
     for patch in registry:
         current = patches.original(patch.name)
+        if patch.adds:      # a name TF removed: its owner is there, the name is not (else TF's own would stay)
+            patches.resolve(patch.target)       # the owner is there (it raises otherwise)
+            assert current is None or patches.installed(patch.name), \
+                f"{patch.name}: this TensorFlow has {patch.target} again: drop the patch"
+            continue
         assert callable(current), f"{patch.name}: {patch.target} is not a callable on this TensorFlow"
         if patch.params:
             names = list(inspect.signature(current).parameters)
             assert names[:len(patch.params)] == list(patch.params), \
                 f"{patch.name}: {patch.target} takes {names}, the patch expects {list(patch.params)} first"
+
+
+def test_a_name_tf_removed_is_added_while_installed_and_gone_again_after(registry):
+    from tensorflow.python.distribute import distribute_lib
+    name = "tf2.experimental_run_v2"
+    with patches.taken_out(name):
+        assert not hasattr(distribute_lib.StrategyBase, "experimental_run_v2")
+        assert patches.install(name) is True
+        assert callable(distribute_lib.StrategyBase.experimental_run_v2)
+        patches.uninstall(name)
+        assert not hasattr(distribute_lib.StrategyBase, "experimental_run_v2")
 
 
 def test_docs_list_every_patch_and_session_layer(registry):

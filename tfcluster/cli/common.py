@@ -109,6 +109,9 @@ def add_run_args(p):
     p.add_argument("--tf1", action="store_true",
                    help="run 'python script.py' in TF1 mode: 'import tensorflow as tf' gives tf.compat.v1, "
                         "tf.contrib and tensorflow.examples...mnist work (docs/tf1.md)")
+    p.add_argument("--tf2", action="store_true",
+                   help="run 'python script.py' in TF2 mode: a tf.distribute program of TF 2.0-2.15 unchanged, its "
+                        "MirroredStrategy one model over every worker (docs/tf2.md)")
     from ..strategies import STRATEGY_ENV, names
     p.add_argument("--no-session-fixes", action="store_true",
                    help="with --legacy-flags and no --tf1, run a Python script bare: without TF1 mode's session "
@@ -125,8 +128,17 @@ def add_run_args(p):
     p.add_argument("--verbose", action="store_true", help="show TensorFlow's C++ logs (and debug lines)")
 
 
+def program_mode(args):
+    """``"TF1 mode"``, ``"TF2 mode"`` or None, as the flags ask; one line when they ask for both."""
+    tf1, tf2 = getattr(args, "tf1", False), getattr(args, "tf2", False)
+    if tf1 and tf2:
+        raise TfclusterError("--tf1 and --tf2 exclude each other: a program is written for TF 1.x or for TF 2")
+    return "TF1 mode" if tf1 else "TF2 mode" if tf2 else None
+
+
 def task_command(args) -> list:
-    """The command to run: with --tf1, ``python script.py`` becomes ``python -m tfcluster.tf1 script.py``.
+    """The command to run: with --tf1, ``python script.py`` becomes ``python -m tfcluster.tf1 script.py``
+    (``-m tfcluster.tf2`` with --tf2).
 
     With --legacy-flags and no --tf1 a Python script still gets TF1 mode's
     session fixes (``-m tfcluster.tf1 --session-fixes-only``): such scripts
@@ -134,11 +146,15 @@ def task_command(args) -> list:
     can wait forever for a chief that already finished (docs/tf1.md).
     """
     from ..tf1 import tf1_command
+    from ..tf2 import tf2_command
     command = list(args.command)
-    if getattr(args, "tf1", False):
+    mode = program_mode(args)
+    if mode is not None:
+        flag = "--tf1" if mode == "TF1 mode" else "--tf2"
         if not command:
-            raise TfclusterError("--tf1 runs a TF 1.x script: give it after '--', e.g. -- python train.py")
-        return tf1_command(command)
+            raise TfclusterError(f"{flag} runs a {'TF 1.x' if flag == '--tf1' else 'TF 2'} script: give it after "
+                                 "'--', e.g. -- python train.py")
+        return (tf1_command if flag == "--tf1" else tf2_command)(command)
     if getattr(args, "legacy_flags", LegacyFlags.NONE) != LegacyFlags.NONE and not getattr(args, "no_session_fixes", False):
         try:
             fixed = tf1_command(command, session_fixes_only=True)

@@ -10,7 +10,7 @@ from ..core.tfguard import check_tensorflow, require_tensorflow
 from ..launch.config import EVALUATOR_GRACE_SECS
 from ..runtime.preemption import STOP_GRACE_SECS
 from ..topology.cluster import Cluster, LegacyFlags
-from .common import add_legacy_flags_arg, add_run_args, extra_environment, task_command, task_count
+from .common import add_legacy_flags_arg, add_run_args, extra_environment, program_mode, task_command, task_count
 
 DESCRIPTION = """\
 Start one process per task on this machine, show every line of every task prefixed
@@ -83,7 +83,7 @@ example:
 USAGE = """\
 tfcluster local [--ps N] [--workers M] [--chief] [--evaluator] [--legacy-flags[=STYLE]]
                        [--log-dir DIR] [--timeout S] [--max-restarts K] [--evaluator-grace S]
-                       [--host H] [--cluster FILE | --ports P,...] [--join-grace S] [--stop-grace S] [--tf1 [--no-fork]]
+                       [--host H] [--cluster FILE | --ports P,...] [--join-grace S] [--stop-grace S] [--tf1 [--no-fork] | --tf2]
                        [--strategy NAME] [--wire TYPE] [--gpus-per-worker N] [--threads-per-task N]
                        [--ps-memory SIZE] [--timestamps] [--run-id ID] [--no-isolate | --require-isolation]
                        [--verbose]
@@ -196,10 +196,10 @@ def _explicit_cluster(args):
     return None
 
 
-def _needs_tensorflow(config, tf1: bool):
-    """Who in this launcher's own Python needs TensorFlow: the ps tasks it hosts, TF1 mode; None: nobody."""
-    if tf1:
-        return "TF1 mode"
+def _needs_tensorflow(config, mode):
+    """Who in this launcher's own Python needs TensorFlow: the ps tasks it hosts, TF1 or TF2 mode; None: nobody."""
+    if mode:
+        return mode
     if config.ps and config.legacy_flags is LegacyFlags.NONE:
         return "hosting the ps tasks"
     return None
@@ -209,7 +209,7 @@ def run(args) -> int:
     """Run a whole cluster on this machine from one command, supervised."""
     from ..launch import LineWriter, LocalLauncher
     config = launch_config(args)
-    needed_for = _needs_tensorflow(config, args.tf1)
+    needed_for = _needs_tensorflow(config, program_mode(args))
     if needed_for:
         require_tensorflow(needed_for)
     writer = LineWriter(sys.stdout, timestamps=config.timestamps)

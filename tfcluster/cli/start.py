@@ -11,7 +11,7 @@ from ..runtime.server import CLUSTER_WAIT_SECS
 from ..topology.cluster import Role
 from ..topology.taskenv import huge_pages_pending, set_huge_pages
 from .common import (add_cluster_args, add_legacy_flags_arg, add_run_args, cluster_from_args, extra_environment,
-                     task_command)
+                     program_mode, task_command)
 
 
 def add_parser(sub):
@@ -56,7 +56,7 @@ def run(args) -> int:
         os.execve(sys.executable, sys.orig_argv, set_huge_pages(dict(os.environ)))
     if not command and task.role is Role.EVALUATOR:
         raise TfclusterError("the evaluator has no server to host; give it a command after --")
-    check_tensorflow(needs_tensorflow(cluster, command, args.tf1))
+    check_tensorflow(needs_tensorflow(cluster, command, program_mode(args)))
     resources = slurm_resources(task) if args.slurm else None
     if command:
         if task.role is not Role.EVALUATOR:

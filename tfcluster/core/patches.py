@@ -42,6 +42,7 @@ class Patch:
     params: Optional[Tuple[str, ...]] = None   #: the original's leading parameter names the wrapper relies on
     also: Tuple[str, ...] = ()      #: other names holding the same callable (replaced while they still hold it)
     optional: bool = False          #: a target TF does not have is left alone, not an error
+    adds: bool = False              #: a name TF removed, served again: ``wrap(None)`` makes it; left alone where TF has it
 
 
 @dataclass
@@ -101,17 +102,22 @@ def install(name: str, *args) -> bool:
             if patch.optional:
                 return False
             raise
-        if original is _MISSING:
+        if patch.adds:
+            if original is not _MISSING:        # this TensorFlow has the name again: its own stays
+                return False
+            original = None
+        elif original is _MISSING:
             if patch.optional:
                 return False
             raise AttributeError(f"{patch.target} does not exist: patch {name} cannot be installed")
         replacement = patch.wrap(original, *args)
-        if getattr(replacement, "__wrapped__", None) is None:
+        if original is not None and getattr(replacement, "__wrapped__", None) is None:
             try:
                 functools.update_wrapper(replacement, original)
             except (AttributeError, TypeError):
                 pass
-        done = _Installed(original, replacement, attr in vars(owner) if inspect.isclass(owner) else True, args)
+        own = original is not None and (attr in vars(owner) if inspect.isclass(owner) else True)
+        done = _Installed(original, replacement, own, args)
         setattr(owner, attr, replacement)
         for alias in patch.also:
             try:
@@ -147,12 +153,13 @@ def installed(name: str) -> bool:
 
 
 def original(name: str):
-    """The third-party callable behind patch ``name``: TF's own, installed or not."""
+    """The third-party callable behind patch ``name``: TF's own, installed or not (None: TF has no such name)."""
     with _lock:
         done = _INSTALLED.get(name)
         if done is not None:
             return done.original
-        return _current(_REGISTRY[name].target)[2]
+        value = _current(_REGISTRY[name].target)[2]
+        return None if value is _MISSING else value
 
 
 @contextlib.contextmanager

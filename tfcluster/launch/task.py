@@ -55,13 +55,14 @@ def warn_if_exposed(cluster: Cluster):
              " (on Kubernetes, a NetworkPolicy that admits only this job's pods)" if kubernetes else "")
 
 
-def needs_tensorflow(cluster: Cluster, command, tf1: bool):
-    """Who in this process needs TensorFlow: the server it hosts, TF1 mode, telling the ps; None: nobody."""
+def needs_tensorflow(cluster: Cluster, command, mode=None):
+    """Who in this process needs TensorFlow: the server it hosts, ``mode`` (TF1 or TF2 mode), telling the ps;
+    None: nobody."""
     task = cluster.task
     if not command:
         return f"hosting {task}'s server"
-    if tf1:
-        return "TF1 mode"
+    if mode:
+        return mode
     if task.trains and cluster.num_tasks("ps"):
         return f"telling the ps tasks when {task} is done"
     return None

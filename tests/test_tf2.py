@@ -1,0 +1,173 @@
+"""TF2 mode: a tf.distribute program of TF 2.0-2.15 runs unchanged on TF 2.21, one model across the cluster.
+
+- each name of docs/tf2.md's table works in TF2 mode (one row, one test), and the names TF removed fail
+  without it, as the table says;
+- the custom-loop tutorial's program (``MirroredStrategy``, ``experimental_run_v2``) trains one model over
+  two workers of ``tfcluster local --tf2``: both end with the same weights, those of one process mirroring
+  over two devices on the same global batches; the unused ps is named;
+- the Keras tutorial's program (a ``Sequential`` without input shape, compiled in a ``MirroredStrategy``'s
+  scope, ``fit`` on numpy arrays) trains one model over two workers;
+- a program with no strategy on a cluster of several trainers says once that each trains a private copy;
+- the mode's command line: ``--tf2`` rewrites ``python script.py``, refuses what is not a Python script and
+  ``--tf1`` beside it, each in one line.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, base_env, run_cli, run_local
+from tfcluster.core.errors import TfclusterError
+from tfcluster.tf2 import tf2_command
+from tfcluster.tf2.names import NAMES, table
+
+pytestmark = pytest.mark.slow
+
+CUSTOM_LOOP = os.path.join(REPO, "tests", "programs", "tf2_custom_loop.py")
+KERAS_FIT = os.path.join(REPO, "tests", "programs", "tf2_keras_fit.py")
+NO_STRATEGY = """
+import tensorflow as tf
+model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+optimizer = tf.keras.optimizers.SGD(0.1)
+for _ in range(3):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(tf.ones((4, 2))))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+print("trained", flush=True)
+"""
+
+#: Each row's example under a MirroredStrategy, in one process: ``<i> ok`` or ``<i> <error type>: <message>``.
+PROBE = """
+import sys
+import numpy as np
+import tensorflow as tf
+strategy = tf.distribute.MirroredStrategy()
+for i, line in enumerate(sys.argv[1:]):
+    try:
+        with strategy.scope():
+            eval(line)
+        print(i, "ok", flush=True)
+    except Exception as e:
+        print(i, type(e).__name__ + ":", str(e).splitlines()[0] if str(e) else "", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """``(in TF2 mode, without it)``: each row's answer, ``{index: "ok" or the error}``."""
+    script = tmp_path_factory.mktemp("probe") / "probe.py"
+    script.write_text(PROBE)
+    answers = []
+    for mode in (["-m", "tfcluster.tf2"], []):
+        r = subprocess.run([sys.executable, *mode, str(script), *[n.example for n in NAMES]], capture_output=True,
+                           text=True, timeout=150, env=base_env())
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        answers.append(dict(line.split(" ", 1) for line in r.stdout.splitlines() if re.match(r"\d+ ", line)))
+    return answers
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("row", range(len(NAMES)), ids=[n.name.split("(")[0] for n in NAMES])
+def test_each_name_of_the_table_works_in_tf2_mode_and_a_removed_one_fails_without_it(probed, row):
+    in_mode, without = probed
+    assert in_mode[str(row)] == "ok", NAMES[row]
+    if NAMES[row].tf_221 == "AttributeError":
+        assert without[str(row)].startswith("AttributeError"), without[str(row)]
+    else:
+        assert without[str(row)] == "ok", (NAMES[row], without[str(row)])
+
+
+def test_docs_tf2_md_holds_the_table_of_names():
+    text = open(os.path.join(REPO, "docs", "tf2.md")).read()
+    block = re.search(r"<!-- names -->\n(.*?)<!-- /names -->", text, re.S)
+    assert block and block.group(1) == table(), "docs/tf2.md is stale: paste tfcluster.tf2.names.table()"
+
+
+def weights(folder, name):
+    with np.load(os.path.join(folder, f"weights-{name}.npz")) as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+@pytest.mark.timeout(300)
+def test_the_custom_loop_tutorial_trains_one_model_over_two_workers_as_one_process_over_two_devices(tmp_path):
+    cluster_out, one_out = tmp_path / "cluster", tmp_path / "one"
+    code, out = run_local(tmp_path, "--tf2", "--workers", "2", "--timeout", "200", "--",
+                          sys.executable, CUSTOM_LOOP, "--out", cluster_out, timeout=260)
+    assert code == 0, out[-4000:]
+    # The program's own MirroredStrategy, now the cluster's: two replicas, one per worker; the ps is named idle.
+    assert re.search(r"\[worker:0\] tfcluster: info: MirroredStrategy on a cluster of 2 trainers: one model over all of them.*"
+                     r"the 1 ps task\(s\) are unused \(--ps 0 leaves them out\)", out), out[-4000:]
+    assert len(re.findall(r"\[worker:\d\] Number of devices: 2$", out, re.M)) == 2, out[-4000:]
+    w0, w1 = weights(cluster_out, "worker-0"), weights(cluster_out, "worker-1")
+    for a, b in zip(w0, w1):
+        np.testing.assert_array_equal(a, b)         # one model: the same variables' values, bit for bit
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf2", CUSTOM_LOOP, "--out", str(one_out),
+                        "--logical-cpus", "2"], capture_output=True, text=True, timeout=150, env=base_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Number of devices: 2" in r.stdout
+    # The same sums in another order of operations (a ring all-reduce against one device's sum): float32 rounding.
+    for a, b in zip(w0, weights(one_out, "local-0")):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(300)
+def test_the_keras_tutorial_compiled_in_a_mirrored_scope_fits_one_model_over_two_workers(tmp_path):
+    out_dir = tmp_path / "cluster"
+    code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--timeout", "200", "--",
+                          sys.executable, KERAS_FIT, "--out", out_dir, timeout=260)
+    assert code == 0, out[-4000:]
+    assert len(re.findall(r"\[worker:\d\] Number of devices: 2$", out, re.M)) == 2, out[-4000:]
+    assert "ps task" not in out                      # --ps 0: nothing unused to name
+    for a, b in zip(weights(out_dir, "worker-0"), weights(out_dir, "worker-1")):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.timeout(300)
+def test_a_program_with_no_strategy_on_two_workers_says_once_that_each_trains_a_private_copy(tmp_path):
+    script = tmp_path / "no_strategy.py"
+    script.write_text(NO_STRATEGY)
+    code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--timeout", "200", "--",
+                          sys.executable, script, timeout=260)
+    assert code == 0, out[-4000:]
+    for i in range(2):
+        said = re.findall(rf"^\[worker:{i}\] tfcluster: warning: worker:{i} trains a private copy of its model: no "
+                          r"tf\.distribute strategy holds it on this cluster of 2 trainers", out, re.M)
+        assert len(said) == 1, out[-4000:]
+    alone = subprocess.run([sys.executable, "-m", "tfcluster.tf2", str(script)], capture_output=True, text=True,
+                           timeout=150, env=base_env())
+    assert alone.returncode == 0 and "trained" in alone.stdout and "private copy" not in alone.stderr, alone.stderr
+
+
+@pytest.mark.timeout(300)
+def test_nccl_all_reduce_asked_of_a_cluster_without_gpus_is_refused_in_one_line(tmp_path):
+    script = tmp_path / "nccl.py"
+    script.write_text("import tensorflow as tf\n"
+                      "strategy = tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce())\n")
+    code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--timeout", "200", "--",
+                          sys.executable, script, timeout=260)
+    assert code == 2, out[-4000:]
+    assert re.search(r"\[worker:0\] tfcluster: error: cross_device_ops=NcclAllReduce\(\) needs GPUs, and this "
+                     r"machine has none", out), out[-4000:]
+    assert "Traceback" not in out
+
+
+def test_tf2_rewrites_a_python_command_and_refuses_anything_else_in_one_line():
+    assert tf2_command(["python", "train.py", "--x", "1"]) == ["python", "-m", "tfcluster.tf2", "train.py", "--x", "1"]
+    assert tf2_command(["python3", "-u", "-m", "pkg.train"]) == ["python3", "-u", "-m", "tfcluster.tf2", "-m",
+                                                                  "pkg.train"]
+    with pytest.raises(TfclusterError, match=r"^--tf2 runs Python scripts: .* \(got 'bash'\)"):
+        tf2_command(["bash", "train.sh"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tf1", "--tf2", "--", "python", "train.py"], "--tf1 and --tf2 exclude each other"),
+    (["--tf2", "--", "bash", "train.sh"], "--tf2 runs Python scripts"),
+])
+def test_bad_tf2_command_lines_get_one_line_and_exit_2(tmp_path, args, message):
+    r = run_cli("local", *args, cwd=str(tmp_path))
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

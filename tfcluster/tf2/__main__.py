@@ -1,0 +1,61 @@
+"""``python -m tfcluster.tf2 script.py ARGS...``: run a TF 2.0-2.15 ``tf.distribute`` program unchanged on TF 2.21.
+
+Also ``python -m tfcluster.tf2 -m package.module ARGS...``. The script runs as
+``__main__`` with ``sys.argv = [script.py, ARGS...]`` after TF2 mode is
+installed (see the package docstring and docs/tf2.md). Exit codes: the
+script's own; 2 for bad usage and for a strategy argument TF 2.21 cannot honour
+here (one line, no traceback); tfcluster's own errors exit with their code.
+"""
+
+import sys
+
+from ..core.errors import TfclusterError
+from ..core.exits import EXIT_USAGE, run_as_main
+from ..core.logs import setup_program_logging
+from ..core.programs import Program, fail
+
+USAGE = "usage: python -m tfcluster.tf2 SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
+
+
+def _tfcluster_error(error):
+    """The TfclusterError in ``error``'s chain (a strategy argument refused, say), or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, TfclusterError):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def main(argv=None) -> int:
+    """Run a TF 2 program or module in TF2 mode; returns its exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        print(__doc__.split("\n\n", 1)[1].strip())
+        return 0
+    try:
+        program = Program.parse(argv, USAGE)
+    except TfclusterError as e:
+        return fail(str(e), e.exit_code)
+    setup_program_logging()
+    from . import install
+    try:
+        install()
+    except ImportError as e:
+        return fail(f"cannot import TensorFlow for TF2 mode: {e}", EXIT_USAGE)
+    try:
+        program.run()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - tfcluster's own errors become one line; the rest re-raise
+        error = _tfcluster_error(e)
+        if error is None:
+            raise
+        return fail(str(error), error.exit_code)
+    return 0
+
+
+if __name__ == "__main__":
+    run_as_main(main)
