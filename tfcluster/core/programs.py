@@ -11,7 +11,7 @@ import os
 import runpy
 import sys
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .errors import TfclusterError
 
@@ -69,8 +69,24 @@ class Program:
             raise TfclusterError(f"no such script: {argv[0]}")
         return cls(argv[0], None, tuple(argv[1:]))
 
-    def run(self):
-        """Run it as ``__main__`` as ``python script.py ARGS`` (or ``python -m module``) would."""
+    def run(self, one_line: Callable = lambda error: None) -> int:
+        """Run it as ``__main__`` as ``python script.py ARGS`` (or ``python -m module``) would; 0 when it returns.
+
+        ``one_line(error)`` -> ``(line, exit code)`` or None: an error the mode
+        says in one line instead of a traceback (None re-raises it).
+        """
+        try:
+            self._run()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - only what one_line names becomes one line; the rest re-raise
+            cause = one_line(e)
+            if cause is None:
+                raise
+            return fail(*cause)
+        return 0
+
+    def _run(self):
         if self.module is not None:
             sys.argv = [self.module, *self.args]
             runpy.run_module(self.module, run_name="__main__", alter_sys=True)
@@ -79,6 +95,15 @@ class Program:
             # As `python script.py` does: the script's directory comes first on sys.path.
             sys.path[0] = os.path.dirname(os.path.abspath(self.script))
             runpy.run_path(self.script, run_name="__main__")
+
+
+def asked_for_help(argv: Sequence[str], usage: str, doc: str) -> bool:
+    """True (after printing ``usage`` and the body of the mode's docstring ``doc``) when ``argv`` asks for help."""
+    if list(argv[:1]) not in (["-h"], ["--help"]):
+        return False
+    print(usage)
+    print(doc.split("\n\n", 1)[1].strip())
+    return True
 
 
 def fail(message: str, code: int) -> int:

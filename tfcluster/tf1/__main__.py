@@ -21,7 +21,7 @@ import sys
 from ..core.errors import TfclusterError
 from ..core.exits import EXIT_USAGE, run_as_main
 from ..core.logs import setup_program_logging
-from ..core.programs import Program, fail
+from ..core.programs import Program, asked_for_help, fail
 from . import SESSION_FIXES_ONLY
 
 USAGE = "usage: python -m tfcluster.tf1 [--session-fixes-only] SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
@@ -70,9 +70,7 @@ def _script_line(error) -> str:
 def main(argv=None) -> int:
     """Run a TF1 script or module in TF1 mode; returns its exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["-h"], ["--help"]):
-        print(USAGE)
-        print(__doc__.split("\n\n", 1)[1].strip())
+    if asked_for_help(argv, USAGE, __doc__):
         return 0
     fixes_only = argv[:1] == [SESSION_FIXES_ONLY]
     try:
@@ -93,16 +91,7 @@ def main(argv=None) -> int:
         return fail(f"cannot import TensorFlow for TF1 mode: {e}", EXIT_USAGE)
     except TfclusterError as e:         # a TFCLUSTER_* setting TF1 mode reads, say
         return fail(str(e), e.exit_code)
-    try:
-        program.run()
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # noqa: BLE001 - only a few kinds become one line; the rest re-raise
-        cause = _one_line_cause(e)
-        if cause is None:
-            raise
-        return fail(*cause)
-    return 0
+    return program.run(_one_line_cause)
 
 
 if __name__ == "__main__":

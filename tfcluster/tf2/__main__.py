@@ -12,18 +12,18 @@ import sys
 from ..core.errors import TfclusterError
 from ..core.exits import EXIT_USAGE, run_as_main
 from ..core.logs import setup_program_logging
-from ..core.programs import Program, fail
+from ..core.programs import Program, asked_for_help, fail
 
 USAGE = "usage: python -m tfcluster.tf2 SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
 
 
-def _tfcluster_error(error):
-    """The TfclusterError in ``error``'s chain (a strategy argument refused, say), or None."""
+def _one_line_cause(error):
+    """``(line, exit code)`` of the TfclusterError in ``error``'s chain (a strategy argument refused, say), or None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, TfclusterError):
-            return error
+            return str(error), error.exit_code
         error = error.__cause__ or error.__context__
     return None
 
@@ -31,9 +31,7 @@ def _tfcluster_error(error):
 def main(argv=None) -> int:
     """Run a TF 2 program or module in TF2 mode; returns its exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["-h"], ["--help"]):
-        print(USAGE)
-        print(__doc__.split("\n\n", 1)[1].strip())
+    if asked_for_help(argv, USAGE, __doc__):
         return 0
     try:
         program = Program.parse(argv, USAGE)
@@ -45,16 +43,7 @@ def main(argv=None) -> int:
         install()
     except ImportError as e:
         return fail(f"cannot import TensorFlow for TF2 mode: {e}", EXIT_USAGE)
-    try:
-        program.run()
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # noqa: BLE001 - tfcluster's own errors become one line; the rest re-raise
-        error = _tfcluster_error(e)
-        if error is None:
-            raise
-        return fail(str(error), error.exit_code)
-    return 0
+    return program.run(_one_line_cause)
 
 
 if __name__ == "__main__":
