@@ -7,15 +7,19 @@
   over two devices on the same global batches; the unused ps is named;
 - the Keras tutorial's program (a ``Sequential`` without input shape, compiled in a ``MirroredStrategy``'s
   scope, ``fit`` on numpy arrays) trains one model over two workers;
+- checkpoints do not race: a non-chief's ``checkpoint.save``, ``CheckpointManager.save`` and ``save_weights``
+  are written aside and removed, the chief's land where the program says, and restore in one process;
 - a program with no strategy on a cluster of several trainers says once that each trains a private copy;
 - the mode's command line: ``--tf2`` rewrites ``python script.py``, refuses what is not a Python script and
   ``--tf1`` beside it, each in one line.
 """
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -87,6 +91,63 @@ def test_docs_tf2_md_holds_the_table_of_names():
     assert block and block.group(1) == table(), "docs/tf2.md is stale: paste tfcluster.tf2.names.table()"
 
 
+SAVES = """
+import os, sys
+import tensorflow as tf
+folder = sys.argv[1]
+model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+checkpoint = tf.train.Checkpoint(model=model)
+print("saved", checkpoint.save(os.path.join(folder, "ckpt")))
+manager = tf.train.CheckpointManager(checkpoint, os.path.join(folder, "managed"), max_to_keep=2)
+print("managed", manager.save())
+model.save_weights(os.path.join(folder, "weights", "w"))
+print("latest", tf.train.latest_checkpoint(folder))
+"""
+
+
+def files_under(folder):
+    return sorted(os.path.relpath(os.path.join(d, f), folder) for d, _, fs in os.walk(folder) for f in fs)
+
+
+@pytest.mark.timeout(200)
+def test_a_non_chief_writes_its_checkpoints_aside_and_the_chief_where_the_program_says(tmp_path):
+    script = tmp_path / "saves.py"
+    script.write_text(SAVES)
+    cluster = {"worker": ["localhost:1", "localhost:2"]}
+    for index in (1, 0):
+        folder = tmp_path / f"as-worker-{index}"
+        before = set(os.listdir(tempfile.gettempdir()))
+        r = subprocess.run([sys.executable, "-m", "tfcluster.tf2", str(script), str(folder)], capture_output=True,
+                           text=True, timeout=150, env=base_env(TF_CONFIG=json.dumps(
+                               {"cluster": cluster, "task": {"type": "worker", "index": index}})))
+        assert r.returncode == 0, r.stderr[-3000:]
+        # Either way the program is told the chief's path, and its bookkeeping names the chief's checkpoint.
+        assert f"saved {folder}/ckpt-1" in r.stdout and f"managed {folder}/managed/ckpt-2" in r.stdout, r.stdout
+        if index == 1:
+            assert files_under(folder) == [], files_under(folder)          # written aside, then removed
+            assert not {n for n in set(os.listdir(tempfile.gettempdir())) - before if "tfcluster-checkpoint" in n}
+        else:
+            assert {"checkpoint", "ckpt-1.index", "managed/checkpoint", "managed/ckpt-2.index",
+                    "weights/w.index"} <= set(files_under(folder)), files_under(folder)
+            assert f"latest {folder}/ckpt-1" in r.stdout
+
+
+RESTORE = """
+import sys
+import numpy as np
+import tensorflow as tf
+init = tf.keras.initializers.GlorotUniform
+model = tf.keras.Sequential([
+    tf.keras.layers.Conv2D(4, 3, activation="relu", input_shape=(8, 8, 1), kernel_initializer=init(1)),
+    tf.keras.layers.Flatten(),
+    tf.keras.layers.Dense(16, activation="relu", kernel_initializer=init(2)),
+    tf.keras.layers.Dense(2, kernel_initializer=init(3)),
+])
+tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(sys.argv[1])).expect_partial()
+np.savez(sys.argv[2], *[v.numpy() for v in model.trainable_variables])
+"""
+
+
 def weights(folder, name):
     with np.load(os.path.join(folder, f"weights-{name}.npz")) as f:
         return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
@@ -95,8 +156,9 @@ def weights(folder, name):
 @pytest.mark.timeout(300)
 def test_the_custom_loop_tutorial_trains_one_model_over_two_workers_as_one_process_over_two_devices(tmp_path):
     cluster_out, one_out = tmp_path / "cluster", tmp_path / "one"
+    ckpt = tmp_path / "training_checkpoints"
     code, out = run_local(tmp_path, "--tf2", "--workers", "2", "--timeout", "200", "--",
-                          sys.executable, CUSTOM_LOOP, "--out", cluster_out, timeout=260)
+                          sys.executable, CUSTOM_LOOP, "--out", cluster_out, "--ckpt", ckpt, timeout=260)
     assert code == 0, out[-4000:]
     # The program's own MirroredStrategy, now the cluster's: two replicas, one per worker; the ps is named idle.
     assert re.search(r"\[worker:0\] tfcluster: info: MirroredStrategy on a cluster of 2 trainers: one model over all of them.*"
@@ -112,6 +174,17 @@ def test_the_custom_loop_tutorial_trains_one_model_over_two_workers_as_one_proce
     # The same sums in another order of operations (a ring all-reduce against one device's sum): float32 rounding.
     for a, b in zip(w0, weights(one_out, "local-0")):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # Every worker saved where the tutorial says; the chief's checkpoint is the one there, and restores without
+    # a strategy in one process to the model the cluster trained.
+    assert len(re.findall(rf"saved {ckpt}/ckpt-1 latest {ckpt}/ckpt-1$", out, re.M)) == 2, out[-3000:]
+    script = tmp_path / "restore.py"
+    script.write_text(RESTORE)
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf2", str(script), str(ckpt), str(tmp_path / "restored.npz")],
+                       capture_output=True, text=True, timeout=150, env=base_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    with np.load(tmp_path / "restored.npz") as f:
+        for a, b in zip(w0, [f[f"arr_{i}"] for i in range(len(f.files))]):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.timeout(300)

@@ -6,7 +6,9 @@ tensorflow.org's "Custom training with tf.distribute.Strategy" (TF 2.0/2.1): a
 removed it), the loss averaged over the global batch, ``strategy.reduce``, a
 Keras metric reset with ``reset_states()``. Its data are generated (no download); the model is the tutorial's shape, smaller.
 
-``--out DIR`` writes the trained weights to ``DIR/weights-<task>.npz``;
+``--out DIR`` writes the trained weights to ``DIR/weights-<task>.npz``; ``--ckpt DIR``
+saves the tutorial's checkpoint there at the end, every worker alike (and a
+``CheckpointManager``'s and ``save_weights``' under it);
 ``--logical-cpus N`` (a test's knob, not the tutorial's) splits this process's
 CPU into N devices and mirrors over them, as one machine with N GPUs would.
 """
@@ -22,6 +24,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--steps", type=int, default=6)
 p.add_argument("--logical-cpus", type=int, default=1)
+p.add_argument("--ckpt")
 args = p.parse_args()
 
 if args.logical_cpus > 1:
@@ -61,6 +64,7 @@ with strategy.scope():
 
     train_accuracy = tf.keras.metrics.SparseCategoricalAccuracy(name="train_accuracy")
     optimizer = tf.keras.optimizers.SGD(learning_rate=0.1)
+    checkpoint = tf.train.Checkpoint(optimizer=optimizer, model=model)
 
 
 def train_step(inputs):
@@ -88,6 +92,14 @@ for x in train_dist_dataset:
         break
 print("Loss: {}, Accuracy: {}".format(total_loss / steps, train_accuracy.result() * 100), flush=True)
 train_accuracy.reset_states()
+
+if args.ckpt:
+    saved = checkpoint.save(os.path.join(args.ckpt, "ckpt"))
+    manager = tf.train.CheckpointManager(checkpoint, os.path.join(args.ckpt, "managed"), max_to_keep=2)
+    manager.save()
+    manager.save()
+    model.save_weights(os.path.join(args.ckpt, "weights", "w"))
+    print("saved {} latest {}".format(saved, tf.train.latest_checkpoint(args.ckpt)), flush=True)
 
 task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {"type": "local", "index": 0})
 os.makedirs(args.out, exist_ok=True)

@@ -8,11 +8,13 @@ runs the script as ``__main__`` after :func:`install`, which makes
 - the ``tf.distribute`` names TF removed since 2.0 work again (:mod:`.names`);
 - ``MirroredStrategy``, ``CentralStorageStrategy`` and ``OneDeviceStrategy``
   one model over every trainer of TF_CONFIG's cluster (:mod:`.strategies`),
-  and a trainer that trains a private copy there say so once.
+  and a trainer that trains a private copy there say so once;
+- a non-chief trainer's checkpoints written aside, so the chief's do not race (:mod:`.checkpoints`).
 
 docs/tf2.md lists what the mode covers. Importing this package does not import
 TensorFlow. Its modules: :mod:`.strategies` (the cluster's strategies),
-:mod:`.names` (the table of names and their patches), ``__main__``
+:mod:`.names` (the table of names and their patches), :mod:`.checkpoints`
+(a non-chief's writes aside), ``__main__``
 (``python -m tfcluster.tf2 script.py``).
 """
 
@@ -38,8 +40,8 @@ def install():
     from ..topology.taskenv import import_tensorflow
     import_tensorflow()
     from ..core import patches
-    from . import names, strategies
-    for name in names.PATCHES + strategies.PATCHES:
+    from . import checkpoints, names, strategies
+    for name in names.PATCHES + strategies.PATCHES + checkpoints.PATCHES:
         patches.install(name)
     _installed = True
 
