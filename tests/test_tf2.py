@@ -9,6 +9,9 @@
   scope, ``fit`` on numpy arrays) trains one model over two workers;
 - checkpoints do not race: a non-chief's ``checkpoint.save``, ``CheckpointManager.save`` and ``save_weights``
   are written aside and removed, the chief's land where the program says, and restore in one process;
+- TF's own multi-worker Keras tutorial (``MultiWorkerMirroredStrategy`` from TF_CONFIG) trains one model over
+  two workers, and TF 2's ``ParameterServerStrategy`` tutorial (a ``ClusterCoordinator`` loop, or ``fit``)
+  trains on ``--chief --ps 1 --workers 2`` with every task ending when the chief is done;
 - a program with no strategy on a cluster of several trainers says once that each trains a private copy;
 - the mode's command line: ``--tf2`` rewrites ``python script.py``, refuses what is not a Python script and
   ``--tf1`` beside it, each in one line.
@@ -33,6 +36,8 @@ pytestmark = pytest.mark.slow
 
 CUSTOM_LOOP = os.path.join(REPO, "tests", "programs", "tf2_custom_loop.py")
 KERAS_FIT = os.path.join(REPO, "tests", "programs", "tf2_keras_fit.py")
+MULTI_WORKER = os.path.join(REPO, "tests", "programs", "tf2_multi_worker.py")
+PARAMETER_SERVER = os.path.join(REPO, "tests", "programs", "tf2_parameter_server.py")
 NO_STRATEGY = """
 import tensorflow as tf
 model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
@@ -197,6 +202,33 @@ def test_the_keras_tutorial_compiled_in_a_mirrored_scope_fits_one_model_over_two
     assert "ps task" not in out                      # --ps 0: nothing unused to name
     for a, b in zip(weights(out_dir, "worker-0"), weights(out_dir, "worker-1")):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.timeout(300)
+def test_tfs_multi_worker_keras_tutorial_trains_one_model_and_the_chief_alone_keeps_its_save(tmp_path):
+    out_dir = tmp_path / "out"
+    code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--timeout", "200", "--",
+                          sys.executable, MULTI_WORKER, "--out", out_dir, timeout=260)
+    assert code == 0, out[-4000:]
+    assert len(re.findall(r"\[worker:\d\] replicas 2 saved ", out)) == 2, out[-4000:]
+    for a, b in zip(weights(out_dir, "worker-0"), weights(out_dir, "worker-1")):
+        np.testing.assert_array_equal(a, b)
+    assert sorted(os.listdir(out_dir)) == ["keras-model", "weights-worker-0.npz", "weights-worker-1.npz"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("loop", ["coordinator", "fit"])
+def test_tfs_parameter_server_tutorial_trains_on_the_ps_and_every_task_ends_with_the_chief(tmp_path, loop):
+    code, out = run_local(tmp_path, "--tf2", "--chief", "--ps", "1", "--workers", "2", "--timeout", "200", "--",
+                          sys.executable, PARAMETER_SERVER, "--out", tmp_path / "out",
+                          *(["--fit"] if loop == "fit" else []), timeout=260)
+    assert code == 0, out[-4000:]
+    assert re.search(r"^\[chief:0\] chief done: step 16$", out, re.M), out[-4000:]
+    # TF's workers serve for ever; here each returns from server.join() once the chief ended, then the ps goes.
+    for i in range(2):
+        assert re.search(rf"^\[worker:{i}\] tfcluster: info: worker:{i}: its chief \(chief:0\) ended: "
+                         r"server\.join\(\) returns$", out, re.M), out[-4000:]
+    assert "[tfcluster] done: 3 trainer(s) succeeded" in out
 
 
 @pytest.mark.timeout(300)

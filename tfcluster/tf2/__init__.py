@@ -9,12 +9,15 @@ runs the script as ``__main__`` after :func:`install`, which makes
 - ``MirroredStrategy``, ``CentralStorageStrategy`` and ``OneDeviceStrategy``
   one model over every trainer of TF_CONFIG's cluster (:mod:`.strategies`),
   and a trainer that trains a private copy there say so once;
-- a non-chief trainer's checkpoints written aside, so the chief's do not race (:mod:`.checkpoints`).
+- a non-chief trainer's checkpoints written aside, so the chief's do not race (:mod:`.checkpoints`);
+- a worker or ps left in ``server.join()`` (TF 2's ParameterServerStrategy) ends with its chief
+  (:mod:`.servers`).
 
 docs/tf2.md lists what the mode covers. Importing this package does not import
 TensorFlow. Its modules: :mod:`.strategies` (the cluster's strategies),
 :mod:`.names` (the table of names and their patches), :mod:`.checkpoints`
-(a non-chief's writes aside), ``__main__``
+(a non-chief's writes aside), :mod:`.servers` (``join()`` until the chief
+ends), ``__main__``
 (``python -m tfcluster.tf2 script.py``).
 """
 
@@ -40,8 +43,8 @@ def install():
     from ..topology.taskenv import import_tensorflow
     import_tensorflow()
     from ..core import patches
-    from . import checkpoints, names, strategies
-    for name in names.PATCHES + strategies.PATCHES + checkpoints.PATCHES:
+    from . import checkpoints, names, servers, strategies
+    for name in names.PATCHES + strategies.PATCHES + checkpoints.PATCHES + servers.PATCHES:
         patches.install(name)
     _installed = True
 

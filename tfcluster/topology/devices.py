@@ -21,8 +21,11 @@ may hand out, in that order), else ``nvidia-smi -L``; none when neither says.
   the evaluator, split evenly among the trainers; a ps and the evaluator get
   one. ``threads_per_task=N`` gives every task N, 0 leaves TensorFlow's
   defaults. They are set as ``TF_NUM_INTRAOP_THREADS``,
-  ``TF_NUM_INTEROP_THREADS`` (at most 2) and ``OMP_NUM_THREADS``; a value the
-  user exported is kept, unless ``threads_per_task`` says otherwise.
+  ``TF_NUM_INTEROP_THREADS`` (two, whatever the share: with one, an op that waits
+  for another op of its process blocks the only thread, and TF 2's
+  ParameterServerStrategy hangs for good; measured in docs/tf2.md) and
+  ``OMP_NUM_THREADS``; a value the user exported is kept, unless
+  ``threads_per_task`` says otherwise.
 
 Under Slurm (``tfcluster start --slurm``, :func:`assign_slurm`), as TF's
 SlurmClusterResolver: a node's GPUs are split evenly among its tasks (the most
@@ -43,6 +46,8 @@ from .cluster import ROLES, Role
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 INTRA_ENV, INTER_ENV, OMP_ENV = "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"
+#: Ops a task runs side by side: two, never one (one deadlocks an op that waits for another; see the module).
+INTER_OP_THREADS = 2
 #: Tasks that serve, not compute: every other job (chief, master, worker, a job of no role) gets a GPU share.
 SERVING = ("ps", "evaluator")
 _SMI_TIMEOUT = 10.0
@@ -68,7 +73,7 @@ class Resources:
             if self.shared:
                 env.setdefault(GROWTH_ENV, "true")
         if self.threads:
-            for name, n in ((INTRA_ENV, self.threads), (INTER_ENV, min(2, self.threads)), (OMP_ENV, self.threads)):
+            for name, n in ((INTRA_ENV, self.threads), (INTER_ENV, INTER_OP_THREADS), (OMP_ENV, self.threads)):
                 if self.forced:
                     env[name] = str(n)
                 else:
