@@ -71,7 +71,7 @@ def tfcluster_pids(stream, task):
 
 
 # ==================================================== async: a worker, then the ps
-STEPS, SAVE, SLEEP = 400, 25, 0.1
+STEPS, SAVE, SLEEP = 300, 25, 0.1
 
 
 @pytest.fixture(scope="module")

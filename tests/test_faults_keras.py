@@ -68,7 +68,7 @@ def keras_faults(tmp_path_factory):
     procs = Procs()
     tmp = tmp_path_factory.mktemp("keras_faults")
     run = keras_local(procs, tmp, "--max-restarts", "1", "--timeout", "280",
-                      job=["--epochs", "30", "--step-sleep", "0.05", "--save-secs", "1", "--ckpt", str(tmp / "ckpt")])
+                      job=["--epochs", "15", "--step-sleep", "0.05", "--save-secs", "1", "--ckpt", str(tmp / "ckpt")])
     f = run.facts = {}
     try:
         wait_updates(run, 40, 150)
@@ -178,7 +178,7 @@ def test_a_keras_chief_gone_for_good_is_named_by_the_worker_in_bounded_time_and_
 def test_a_keras_ps_that_stops_answering_is_named_in_bounded_time_and_training_resumes_when_it_answers(
         procs, tmp_path, reliability):
     run = keras_local(procs, tmp_path, "--timeout", "250",
-                      job=["--epochs", "30", "--step-sleep", "0.05", "--step-timeout", "3"])
+                      job=["--epochs", "15", "--step-sleep", "0.05", "--step-timeout", "3"])
     wait_updates(run, 40, 150, task="worker:1")
     ps = launched_pid(run, "ps:0")
     t_stop = time.monotonic()

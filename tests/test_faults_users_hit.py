@@ -61,7 +61,7 @@ def launched_pid(stream, task, nth=0):
 @pytest.mark.timeout(300)
 def test_a_restarted_chief_joins_the_live_model_and_nobody_rolls_back(procs, tmp_path, reliability):
     run = local_run(procs, tmp_path, "--ps", "1", "--workers", "2", "--max-restarts", "1", "--timeout", "250",
-                    job=["--mode", "async", "--steps", "400", "--ckpt", str(tmp_path / "ckpt"), "--save-steps",
+                    job=["--mode", "async", "--steps", "250", "--ckpt", str(tmp_path / "ckpt"), "--save-steps",
                          "100", "--step-sleep", "0.1"])
     run.wait_for(r"\[worker:1\] .*step \d+ \(global (\d+)", 150, check=lambda m: int(m.group(1)) >= 60)
     t_kill = time.monotonic()
@@ -121,7 +121,7 @@ def test_a_chief_gone_for_good_is_named_by_the_workers_in_bounded_time_and_the_p
 def test_a_ps_that_stops_answering_is_named_in_bounded_time_and_training_resumes_when_it_answers(
         procs, tmp_path, reliability):
     run = local_run(procs, tmp_path, "--ps", "1", "--workers", "2", "--timeout", "250",
-                    job=["--mode", "async", "--steps", "300", "--ckpt", str(tmp_path / "ckpt"), "--save-steps",
+                    job=["--mode", "async", "--steps", "160", "--ckpt", str(tmp_path / "ckpt"), "--save-steps",
                          "100", "--step-sleep", "0.05", "--step-timeout", "3"])
     run.wait_for(r"\[worker:1\] .*step \d+ \(global (\d+)", 150, check=lambda m: int(m.group(1)) >= 40)
     ps = launched_pid(run, "ps:0")
@@ -166,7 +166,7 @@ def test_a_ps_lost_before_the_first_save_is_initialised_again_and_the_chief_says
 def test_a_killed_ps_whose_newest_checkpoint_is_truncated_recovers_from_the_older_one(procs, tmp_path, reliability):
     ckpt = tmp_path / "ckpt"
     run = local_run(procs, tmp_path, "--ps", "1", "--workers", "2", "--max-restarts", "1", "--timeout", "250",
-                    job=["--mode", "async", "--steps", "300", "--ckpt", str(ckpt), "--save-steps", "40",
+                    job=["--mode", "async", "--steps", "200", "--ckpt", str(ckpt), "--save-steps", "40",
                          "--step-sleep", "0.05"])
     run.wait_for(r"\[worker:0\] .*saved checkpoint model\.ckpt-(\d+)", 150, check=lambda m: int(m.group(1)) >= 80)
     saved = sorted(int(f.name[len("model.ckpt-"):-len(".index")]) for f in ckpt.glob("model.ckpt-*.index"))
@@ -189,7 +189,7 @@ def test_a_killed_ps_whose_newest_checkpoint_is_truncated_recovers_from_the_olde
 def test_a_sync_run_aggregating_2_of_3_workers_outlives_a_killed_non_chief_and_a_killed_chief(
         procs, tmp_path, reliability):
     run = local_run(procs, tmp_path, "--ps", "1", "--workers", "3", "--max-restarts", "1", "--timeout", "300",
-                    job=["--mode", "sync", "--replicas", "2", "--steps", "300", "--ckpt", str(tmp_path / "ckpt"),
+                    job=["--mode", "sync", "--replicas", "2", "--steps", "160", "--ckpt", str(tmp_path / "ckpt"),
                          "--save-steps", "50", "--step-sleep", "0.05", "--stall-warn", "2"])
     run.wait_for(r"\[worker:2\] .*step \d+ \(global (\d+)", 200, check=lambda m: int(m.group(1)) >= 20)
     t_kill2 = time.monotonic()
