@@ -150,11 +150,11 @@ def task_command(args) -> list:
     command = list(args.command)
     mode = program_mode(args)
     if mode is not None:
-        flag = "--tf1" if mode == "TF1 mode" else "--tf2"
+        flag, written_for, rewrite = {"TF1 mode": ("--tf1", "TF 1.x", tf1_command),
+                                      "TF2 mode": ("--tf2", "TF 2", tf2_command)}[mode]
         if not command:
-            raise TfclusterError(f"{flag} runs a {'TF 1.x' if flag == '--tf1' else 'TF 2'} script: give it after "
-                                 "'--', e.g. -- python train.py")
-        return (tf1_command if flag == "--tf1" else tf2_command)(command)
+            raise TfclusterError(f"{flag} runs a {written_for} script: give it after '--', e.g. -- python train.py")
+        return rewrite(command)
     if getattr(args, "legacy_flags", LegacyFlags.NONE) != LegacyFlags.NONE and not getattr(args, "no_session_fixes", False):
         try:
             fixed = tf1_command(command, session_fixes_only=True)

@@ -142,11 +142,11 @@ def said_private_copy(original):
     """An optimizer's ``apply_gradients`` that, on a cluster of several trainers with no strategy in scope, says
     once that this trainer trains a private copy of its model (a program that never built a strategy)."""
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        if not _said_private.is_set():
-            import tensorflow as tf
+        import tensorflow as tf
+        if not _said_private.is_set() and not tf.distribute.has_strategy():
             cluster = Cluster.from_environment()
-            if not tf.distribute.has_strategy() and trainers_spec(cluster) is not None:
-                _said_private.set()
+            _said_private.set()             # said now, or never to be said: one process, or a lone trainer
+            if trainers_spec(cluster) is not None:
                 log.warning("%s trains a private copy of its model: no tf.distribute strategy holds it on this "
                             "cluster of %d trainers (build it in tf.distribute.MirroredStrategy().scope() to train "
                             "one model over all of them; docs/tf2.md)", cluster.task, cluster.num_replicas)
