@@ -192,27 +192,29 @@ def test_the_custom_loop_tutorial_trains_one_model_over_two_workers_as_one_proce
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.timeout(300)
-def test_the_keras_tutorial_compiled_in_a_mirrored_scope_fits_one_model_over_two_workers(tmp_path):
-    out_dir = tmp_path / "cluster"
+def one_model_on_two_workers(tmp_path, program, out_dir):
+    """``program --out out_dir`` under ``tfcluster local --tf2 --ps 0 --workers 2``: it exits 0 and both workers
+    hold the same weights, bit for bit. Returns the run's output."""
     code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--timeout", "200", "--",
-                          sys.executable, KERAS_FIT, "--out", out_dir, timeout=260)
+                          sys.executable, program, "--out", out_dir, timeout=260)
     assert code == 0, out[-4000:]
-    assert len(re.findall(r"\[worker:\d\] Number of devices: 2$", out, re.M)) == 2, out[-4000:]
-    assert "ps task" not in out                      # --ps 0: nothing unused to name
     for a, b in zip(weights(out_dir, "worker-0"), weights(out_dir, "worker-1")):
         np.testing.assert_array_equal(a, b)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_the_keras_tutorial_compiled_in_a_mirrored_scope_fits_one_model_over_two_workers(tmp_path):
+    out = one_model_on_two_workers(tmp_path, KERAS_FIT, tmp_path / "cluster")
+    assert len(re.findall(r"\[worker:\d\] Number of devices: 2$", out, re.M)) == 2, out[-4000:]
+    assert "ps task" not in out                      # --ps 0: nothing unused to name
 
 
 @pytest.mark.timeout(300)
 def test_tfs_multi_worker_keras_tutorial_trains_one_model_and_the_chief_alone_keeps_its_save(tmp_path):
     out_dir = tmp_path / "out"
-    code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--timeout", "200", "--",
-                          sys.executable, MULTI_WORKER, "--out", out_dir, timeout=260)
-    assert code == 0, out[-4000:]
+    out = one_model_on_two_workers(tmp_path, MULTI_WORKER, out_dir)
     assert len(re.findall(r"\[worker:\d\] replicas 2 saved ", out)) == 2, out[-4000:]
-    for a, b in zip(weights(out_dir, "worker-0"), weights(out_dir, "worker-1")):
-        np.testing.assert_array_equal(a, b)
     assert sorted(os.listdir(out_dir)) == ["keras-model", "weights-worker-0.npz", "weights-worker-1.npz"]
 
 
