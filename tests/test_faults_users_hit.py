@@ -36,7 +36,8 @@ FIT_JOB = [sys.executable, os.path.join(HERE, "jobs", "fit_job.py")]
 STEP = r"\[(worker:\d)\] .*step \d+ \(global (\d+)"
 
 pytestmark = pytest.mark.slow
-#: A cluster's fault whose detection and recovery are measured in seconds: alone on the machine (tests/conftest.py).
+#: A fault whose detection is bounded in seconds, or a step that must never wait: alone on the machine
+#: (tests/conftest.py). The tests that assert only steps, restores and lines run beside others.
 timed = pytest.mark.serial
 
 
@@ -57,7 +58,6 @@ def launched_pid(stream, task, nth=0):
 
 
 # ================================================================ the chief
-@timed
 @pytest.mark.timeout(300)
 def test_a_restarted_chief_joins_the_live_model_and_nobody_rolls_back(procs, tmp_path, reliability):
     run = local_run(procs, tmp_path, "--ps", "1", "--workers", "2", "--max-restarts", "1", "--timeout", "250",
@@ -144,7 +144,6 @@ def test_a_ps_that_stops_answering_is_named_in_bounded_time_and_training_resumes
     reliability("global steps lost to the silent ps", max(0, at_stop - int(m.group(1))), "steps")
 
 
-@timed
 @pytest.mark.timeout(300)
 def test_a_ps_lost_before_the_first_save_is_initialised_again_and_the_chief_says_so(procs, tmp_path, reliability):
     run = local_run(procs, tmp_path, "--ps", "1", "--workers", "2", "--max-restarts", "1", "--timeout", "250",
@@ -161,7 +160,6 @@ def test_a_ps_lost_before_the_first_save_is_initialised_again_and_the_chief_says
     reliability("global steps lost (no checkpoint yet)", at_kill, "steps")
 
 
-@timed
 @pytest.mark.timeout(300)
 def test_a_killed_ps_whose_newest_checkpoint_is_truncated_recovers_from_the_older_one(procs, tmp_path, reliability):
     ckpt = tmp_path / "ckpt"

@@ -25,7 +25,9 @@ FIT_JOB = [sys.executable, os.path.join(HERE, "jobs", "fit_job.py")]
 STEP = r"\[?(worker:\d|local)\]? .*step \d+ \(global (\d+)"
 STOPPED = r"(\S+) stopped on SIGTERM after global step (\d+): saved model\.ckpt-(\d+) ([\d.]+)s after the signal"
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]     # serial: seconds from SIGTERM to the saved checkpoint are measured
+# Not serial: every assertion is of steps and exit codes (the one bound, 30 s to exit, is 100x what it takes), so
+# these run beside other tests and their seconds are figures of a shared machine, not bounds (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 
 def rng():
