@@ -175,7 +175,7 @@ def test_wide_and_deep_trains_shared_on_two_ps_with_its_input_layer_split_over_b
 def test_an_early_stopping_hook_on_the_chief_stops_every_worker_once_the_evaluator_is_good_enough(tmp_path):
     # tf.estimator.experimental.stop_if_higher_hook, TF 1.x's: the chief reads the evaluator's metrics and sets a
     # flag the other workers read, which is on the ps because the hooks begin under the model's device function.
-    from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
+    from test_legacy_programs import Ran, assert_clean_exit, assert_one_global_step_counts_every_step
     run = Ran(tmp_path, "canned.py", ["--ps", "1", "--workers", "2", "--evaluator"],
               ["--model_dir", str(tmp_path / "model"), "--estimator", "DNNClassifier", "--max_steps", "1000000",
                "--stop_above", "0.8"])
@@ -184,7 +184,7 @@ def test_an_early_stopping_hook_on_the_chief_stops_every_worker_once_the_evaluat
     # Far before max_steps: worker:1, whose hook only reads the flag, stopped because the chief set it on the ps.
     # (When it stops depends on the evaluator's pace: one run on a loaded machine stopped after 21,223 steps.)
     assert set(steps) == {"worker:0", "worker:1"} and sum(steps.values()) < 100_000, steps
-    assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())
+    assert_one_global_step_counts_every_step(tmp_path / "model", steps)
     assert json.loads(run.printed("EVAL")["evaluator:0"])["accuracy"] > 0.8
 
 

@@ -62,6 +62,17 @@ def checkpoint_value(model_dir, name):
     return tf.train.load_variable(tf.train.latest_checkpoint(str(model_dir)), name)
 
 
+def assert_one_global_step_counts_every_step(model_dir, steps: dict):
+    """One model shared by the trainers: its global step (on the ps) counts each trainer's steps (``steps``).
+
+    TF 1.x's optimizers increment it with an unlocked ``assign_add``, so two async trainers' increments at the
+    same moment can count once (CI-36: 3001 for 3002 steps, both trainers done before the final save): one
+    per thousand steps is allowed, and two.
+    """
+    total = sum(steps.values())
+    assert 0 <= total - checkpoint_value(model_dir, "global_step") <= 2 + total // 1000, steps
+
+
 def assert_clean_exit(run):
     assert run.code == 0, run.out[-4000:]
     assert no_process_left(run.pids), "a task outlived the run"
@@ -87,7 +98,7 @@ def test_both_estimator_trainers_updated_the_same_variables_on_the_ps(estimator_
     steps = {task: int(n.split()[-1]) for task, n in estimator_run.printed("STEPS").items()}
     assert set(steps) == {"chief:0", "worker:0"} and min(steps.values()) > 0
     # Async: every step of either trainer is one update of the one global step on the ps.
-    assert checkpoint_value(estimator_run.tmp / "model", "global_step") == sum(steps.values())
+    assert_one_global_step_counts_every_step(estimator_run.tmp / "model", steps)
 
 
 def test_the_estimator_checkpoint_restores_in_one_process_and_its_export_serves_the_same(estimator_run):
@@ -114,7 +125,7 @@ def test_a_model_to_estimator_program_runs_unchanged_and_trains_shared(keras_est
     assert_clean_exit(run)
     steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
     assert set(steps) == {"chief:0", "worker:0"} and min(steps.values()) > 0
-    assert checkpoint_value(run.tmp / "model", "global_step") == sum(steps.values())
+    assert_one_global_step_counts_every_step(run.tmp / "model", steps)
     evaluation = json.loads(run.printed("EVAL")["evaluator:0"])
     assert evaluation["acc"] > 0.8
     restored = run.restore(run.tmp / "model")

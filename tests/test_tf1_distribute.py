@@ -341,7 +341,7 @@ def test_all_reduce_leaves_an_estimators_ps_tasks_idle_but_refuses_them_under_ke
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_parameter_server_strategy_in_the_run_config_trains_shared_on_the_ps_with_an_evaluator(tmp_path):
-    from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
+    from test_legacy_programs import Ran, assert_clean_exit, assert_one_global_step_counts_every_step
     run = Ran(tmp_path, "keras_to_estimator.py", ["--ps", "1", "--workers", "2", "--evaluator"],
               ["--model_dir", str(tmp_path / "model"), "--max_steps", "300", "--parameter_server_strategy"])
     assert_clean_exit(run)
@@ -351,7 +351,7 @@ def test_parameter_server_strategy_in_the_run_config_trains_shared_on_the_ps_wit
             run.out[-3000:]
     steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
     assert set(steps) == {"worker:0", "worker:1"} and min(steps.values()) > 0     # both trained
-    assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())   # one shared model
+    assert_one_global_step_counts_every_step(tmp_path / "model", steps)          # one shared model
     assert json.loads(run.printed("EVAL")["evaluator:0"])["acc"] > 0.8
 
 
@@ -572,7 +572,7 @@ def test_parameter_server_strategy_with_two_replicas_per_worker_trains_towers_on
         tmp_path):
     # TF 1.x's multi-GPU parameter-server setup: each worker splits its steps over its replicas (2 virtual CPU
     # devices here), their gradients summed into one update of the variables on the ps.
-    from test_legacy_programs import Ran, assert_clean_exit, checkpoint_value
+    from test_legacy_programs import Ran, assert_clean_exit, assert_one_global_step_counts_every_step
     run = Ran(tmp_path, "estimator_custom.py", ["--ps", "1", "--workers", "2", "--evaluator"],
               # Long enough for worker:1 to join: it starts seconds after the chief, who steps ~200 times a second.
               ["--model_dir", str(tmp_path / "model"), "--max_steps", "3000", "--towers", "2"])
@@ -583,5 +583,5 @@ def test_parameter_server_strategy_with_two_replicas_per_worker_trains_towers_on
                          re.M), run.out[-3000:]
     steps = {task: int(n.split()[-1]) for task, n in run.printed("STEPS").items()}
     assert set(steps) == {"worker:0", "worker:1"} and min(steps.values()) > 0      # both trained
-    assert checkpoint_value(tmp_path / "model", "global_step") == sum(steps.values())   # one shared model
+    assert_one_global_step_counts_every_step(tmp_path / "model", steps)          # one shared model
     assert json.loads(run.printed("EVAL")["evaluator:0"])["accuracy"] > 0.8
