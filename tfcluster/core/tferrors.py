@@ -77,6 +77,28 @@ def hint(text: str) -> str:
     return "".join(f" ({meaning})" for meaning in meanings)
 
 
+#: TF's coordination service names trainers that stopped sending heartbeats, a task per line after these words.
+_UNHEALTHY = re.compile(r"tasks are unhealthy \(stopped sending heartbeats\):((?:\s*/job:\S+)+)")
+_TASK = re.compile(r"/job:([\w-]+)/replica:\d+/task:(\d+)")
+#: gRPC's words for a peer whose process is gone (its socket closed under a call, or nobody listening).
+_GONE = ("Connection reset by peer", "Socket closed", "Connection refused", "failed to connect to all addresses",
+         "Broken pipe")
+
+
+def lost_peers(error):
+    """``(tasks, how)`` when ``error`` says other tasks are gone (``(["worker:1"], "heartbeats")``: TF's
+    coordination service heard no heartbeat from them; ``"connection"``: a call to them lost its connection),
+    else None. Tasks are named as tfcluster names them (``worker:1``, ``chief:0``)."""
+    text = getattr(error, "message", None) or str(error)
+    m = _UNHEALTHY.search(text)
+    if m:
+        return [f"{job}:{index}" for job, index in _TASK.findall(m.group(1))], "heartbeats"
+    remote = _REMOTE.search(text)
+    if remote and any(words in text for words in _GONE):
+        return [f"{job}:{index}" for job, index in _TASK.findall(remote.group(1))], "connection"
+    return None
+
+
 def recoverable(error) -> bool:
     """True for the errors a lost task causes: Aborted, Unavailable, and variables gone with a ps."""
     import tensorflow as tf

@@ -133,6 +133,14 @@ class LaunchConfig:
                             params=["ps_memory"])
 
     @property
+    def trainers_restart_together(self) -> bool:
+        """True when a crashed trainer restarts with every trainer: TF2 mode's trainers all-reduce as one group
+        (MultiWorkerMirroredStrategy), which takes no new member; TF 2's ParameterServerStrategy (a chief and ps
+        tasks) takes a worker back alone (docs/tf2.md, "Faults")."""
+        # The command as tfcluster.tf2's tf2_command rewrote it (the launcher imports no mode).
+        return "tfcluster.tf2" in self.command and not (self.chief and self.ps)
+
+    @property
     def total_tasks(self) -> int:
         """Tasks with a port: the ps tasks, the workers and the chief."""
         return self.ps + self.workers + int(self.chief)

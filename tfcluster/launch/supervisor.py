@@ -22,13 +22,13 @@ from typing import Optional
 from ..core import posix
 from ..core.exits import EXIT_OK, EXIT_TIMEOUT, describe_exit, exit_status, from_signal
 from ..topology.cluster import Role
-from ..topology.ports import hold_port
 from .config import LaunchConfig
 from .isolation import isolate_launch
 from .memory import MemoryLimits, ps_memory_limits
 from .output import LineWriter, failure_cause
 from .plan import PS_STATE_FILE, make_log_dir, plan_resources, plan_tasks, planned_tasks
 from .processes import TaskGroup, fork_tf1_tasks, start_tasks
+from .restarts import Restarts
 from .result import Ending, RunResult, TaskResult
 
 log = logging.getLogger("tfcluster")
@@ -56,6 +56,7 @@ class LocalLauncher:
         self._deadline: Optional[float] = None          # --timeout's end (monotonic)
         self._join_hinted = False
         self.group = TaskGroup(self.procs, config.subreaper, self._signals)
+        self.restarts = Restarts(config, self.writer, self.group, self._lock)
 
     # ----------------------------------------------------------- running
     def run(self) -> int:
@@ -221,7 +222,12 @@ class LocalLauncher:
         why = f" ({cause})" if cause else ""
         how = (self.memory and self.memory.killed(p.name, code)) or describe_exit(code)
         if p.restarts < self.config.max_restarts:
-            self._restart(p, f"{how}{why}")
+            # A group with a trainer already done cannot run again: that trainer's part is over.
+            if p.is_trainer and self.config.trainers_restart_together and not any(
+                    q.is_trainer and q.returncode == 0 for q in self.procs):
+                self.restarts.trainers(p, f"{how}{why}")
+            else:
+                self.restarts.one(p, f"{how}{why}")
             return None
         what = "" if not self.config.max_restarts else f" after {p.restarts} restart(s)"
         log.error("%s %s%s%s; see its log: %s", p.name, how, why, what, p.log_path)
@@ -229,20 +235,6 @@ class LocalLauncher:
         if others:
             log.info("stopping the cluster (%s)", ", ".join(others))
         return exit_status(code)
-
-    def _restart(self, p, why: str):
-        """Start a crashed task again, on its port (held again until it serves)."""
-        p.restarts += 1
-        log.warning("%s %s; restarting it (restart %d of %d, same TF_CONFIG and port)",
-                    p.name, why, p.restarts, self.config.max_restarts)
-        with self._lock:
-            if p.placeholder is None and p.port is not None:
-                p.placeholder = hold_port(p.port, self.config.host)
-                if p.placeholder is None:
-                    log.debug("could not hold port %d again for %s; it restarts without a placeholder",
-                              p.port, p.name)
-            p.start(self.writer)
-        log.info("%s restarted (pid %d)", p.name, p.popen.pid)
 
     def _finish_evaluator(self, deadline) -> Optional[tuple]:
         evaluators = [p for p in self.procs if p.task.role is Role.EVALUATOR and p.running]

@@ -3,8 +3,10 @@
 Also ``python -m tfcluster.tf2 -m package.module ARGS...``. The script runs as
 ``__main__`` with ``sys.argv = [script.py, ARGS...]`` after TF2 mode is
 installed (see the package docstring and docs/tf2.md). Exit codes: the
-script's own; 2 for bad usage and for a strategy argument TF 2.21 cannot honour
-here (one line, no traceback); tfcluster's own errors exit with their code.
+script's own; 2 for bad usage, a strategy argument TF 2.21 cannot honour here,
+or a Keras 2 name Keras 3 lacks (:mod:`.keras3`); 3 when a trainer of the
+all-reduce group is gone (:mod:`.faults`); each said in one line, no
+traceback. tfcluster's own errors exit with their code.
 """
 
 import sys
@@ -18,14 +20,18 @@ USAGE = "usage: python -m tfcluster.tf2 SCRIPT.py [ARGS...] | -m MODULE [ARGS...
 
 
 def _one_line_cause(error):
-    """``(line, exit code)`` of the TfclusterError in ``error``'s chain (a strategy argument refused, say), or None."""
-    seen = set()
+    """``(line, exit code)`` of the TfclusterError in ``error``'s chain (a strategy argument refused, say), of
+    a trainer lost to the all-reduce group (:mod:`.faults`), or of a Keras 2 name Keras 3 lacks (:mod:`.keras3`);
+    None: the traceback is the program's."""
+    seen, first = set(), error
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, TfclusterError):
             return str(error), error.exit_code
         error = error.__cause__ or error.__context__
-    return None
+    from .faults import lost_peer_line
+    from .keras3 import keras3_line
+    return lost_peer_line(first) or keras3_line(first)
 
 
 def main(argv=None) -> int:
