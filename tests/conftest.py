@@ -50,12 +50,13 @@ def data(tmp_path_factory):
     return job.make_data(str(tmp_path_factory.mktemp("data") / "data.npz"))
 
 
-def run_local(tmp_path, *args, timeout=240):
-    """``tfcluster local ARGS`` to completion in ``tmp_path``; returns (exit code, combined output).
+def run_local(tmp_path, *args, timeout=240, env=None):
+    """``tfcluster local ARGS`` to completion in ``tmp_path`` (in ``env``, else base_env()); returns (exit code,
+    combined output).
 
     Every task process the launcher reported must be gone when it returns.
     """
-    r = run_cli("local", "--log-dir", tmp_path / "logs", *args, timeout=timeout, cwd=str(tmp_path))
+    r = run_cli("local", "--log-dir", tmp_path / "logs", *args, timeout=timeout, env=env, cwd=str(tmp_path))
     out = r.stdout + r.stderr
     started = [int(m) for m in re.findall(r"started \(pid (\d+)\)", out)]
     assert no_process_left(started), "a task process outlived the launcher"

@@ -13,6 +13,9 @@
   two workers, and TF 2's ``ParameterServerStrategy`` tutorial (a ``ClusterCoordinator`` loop, or ``fit``)
   trains on ``--chief --ps 1 --workers 2`` with every task ending when the chief is done;
 - a program with no strategy on a cluster of several trainers says once that each trains a private copy;
+- without tf-keras (Keras 3), the custom loop as Keras 3 spells it trains one model over two workers; the
+  Keras tutorial's ``fit`` runs in one process, and on two workers (which Keras 3's fit does not support) is
+  one line naming the ``legacy`` extra, as is a Keras 2 name the custom loop uses (``reset_states()``);
 - the mode's command line: ``--tf2`` rewrites ``python script.py``, refuses what is not a Python script and
   ``--tf1`` beside it, each in one line.
 """
@@ -47,6 +50,16 @@ for _ in range(3):
         loss = tf.reduce_sum(model(tf.ones((4, 2))))
     optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 print("trained", flush=True)
+"""
+
+#: A machine without tf-keras, as a sitecustomize on PYTHONPATH makes one: importing tf_keras fails as it would there.
+NO_TF_KERAS = """
+import sys
+class NoTfKeras:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tf_keras" or name.startswith("tf_keras."):
+            raise ModuleNotFoundError("No module named %r" % name, name=name)
+sys.meta_path.insert(0, NoTfKeras())
 """
 
 #: Each row's example under a MirroredStrategy, in one process: ``<i> ok`` or ``<i> <error type>: <message>``.
@@ -192,11 +205,11 @@ def test_the_custom_loop_tutorial_trains_one_model_over_two_workers_as_one_proce
             np.testing.assert_array_equal(a, b)
 
 
-def one_model_on_two_workers(tmp_path, program, out_dir):
-    """``program --out out_dir`` under ``tfcluster local --tf2 --ps 0 --workers 2``: it exits 0 and both workers
-    hold the same weights, bit for bit. Returns the run's output."""
+def one_model_on_two_workers(tmp_path, program, out_dir, env=None):
+    """``program --out out_dir`` under ``tfcluster local --tf2 --ps 0 --workers 2`` (in ``env``): it exits 0 and
+    both workers hold the same weights, bit for bit. Returns the run's output."""
     code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--timeout", "200", "--",
-                          sys.executable, program, "--out", out_dir, timeout=260)
+                          sys.executable, program, "--out", out_dir, timeout=260, env=env)
     assert code == 0, out[-4000:]
     for a, b in zip(weights(out_dir, "worker-0"), weights(out_dir, "worker-1")):
         np.testing.assert_array_equal(a, b)
@@ -206,8 +219,55 @@ def one_model_on_two_workers(tmp_path, program, out_dir):
 @pytest.mark.timeout(300)
 def test_the_keras_tutorial_compiled_in_a_mirrored_scope_fits_one_model_over_two_workers(tmp_path):
     out = one_model_on_two_workers(tmp_path, KERAS_FIT, tmp_path / "cluster")
-    assert len(re.findall(r"\[worker:\d\] Number of devices: 2$", out, re.M)) == 2, out[-4000:]
+    assert len(re.findall(r"\[worker:\d\] Number of devices: 2 \(Keras 2 \(tf-keras\)\)$", out, re.M)) == 2, out[-4000:]
     assert "ps task" not in out                      # --ps 0: nothing unused to name
+
+
+def without_tf_keras(tmp_path) -> dict:
+    """base_env() of a machine where tf-keras is not installed (TF's tf.keras is then Keras 3)."""
+    folder = tmp_path / "no_tf_keras"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(NO_TF_KERAS)
+    env = base_env()
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    env["PYTHONPATH"] = f"{folder}{os.pathsep}{env['PYTHONPATH']}"
+    return env
+
+
+@pytest.mark.timeout(300)
+def test_without_tf_keras_the_custom_loop_written_for_keras_3_trains_one_model_over_two_workers(tmp_path):
+    # The tutorial's loop as a Keras 3 user edits it: Keras 3 spells a metric's reset reset_state().
+    program = tmp_path / "custom_loop_keras3.py"
+    program.write_text(open(CUSTOM_LOOP, encoding="utf-8").read().replace(".reset_states()", ".reset_state()"))
+    one_model_on_two_workers(tmp_path, program, tmp_path / "cluster", env=without_tf_keras(tmp_path))
+
+
+@pytest.mark.timeout(300)
+def test_without_tf_keras_fit_on_two_workers_is_one_line_naming_the_legacy_extra_and_runs_in_one_process(tmp_path):
+    env = without_tf_keras(tmp_path)
+    code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--timeout", "200", "--",
+                          sys.executable, KERAS_FIT, "--out", tmp_path / "cluster", timeout=260, env=env)
+    assert code == 2, out[-4000:]
+    assert re.search(r"^\[worker:\d\] tfcluster: error: Keras 3's fit does not run under MultiWorkerMirroredStrategy"
+                     r", the one model over this cluster's trainers \(keras-team/keras#20585\); install Keras 2 with "
+                     r"tfcluster's legacy extra \(pip install 'tfcluster\[legacy\]', tf-keras\)", out, re.M), out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    alone = subprocess.run([sys.executable, "-m", "tfcluster.tf2", KERAS_FIT, "--out", str(tmp_path / "one")],
+                           capture_output=True, text=True, timeout=150, env=env)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert re.search(r"^Number of devices: 1 \(Keras 3\.", alone.stdout, re.M), alone.stdout
+
+
+@pytest.mark.timeout(300)
+def test_without_tf_keras_a_keras_2_name_the_program_uses_is_one_line_naming_the_legacy_extra(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf2", CUSTOM_LOOP, "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=150, env=without_tf_keras(tmp_path))
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert re.search(r"^tfcluster: error: 'SparseCategoricalAccuracy' object has no attribute 'reset_states': the "
+                     r"program was written for Keras 2 \(TF 2\.0-2\.15's tf\.keras\), and tf\.keras here is Keras 3; "
+                     r"install Keras 2 with tfcluster's legacy extra \(pip install 'tfcluster\[legacy\]', tf-keras\)",
+                     r.stderr, re.M), r.stderr[-3000:]
 
 
 @pytest.mark.timeout(300)
@@ -257,7 +317,8 @@ def test_nccl_all_reduce_asked_of_a_cluster_without_gpus_is_refused_in_one_line(
     code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--timeout", "200", "--",
                           sys.executable, script, timeout=260)
     assert code == 2, out[-4000:]
-    assert re.search(r"\[worker:0\] tfcluster: error: cross_device_ops=NcclAllReduce\(\) needs GPUs, and this "
+    # Both workers refuse it; the first to exit ends the run, and the other may be stopped before it says so.
+    assert re.search(r"\[worker:\d\] tfcluster: error: cross_device_ops=NcclAllReduce\(\) needs GPUs, and this "
                      r"machine has none", out), out[-4000:]
     assert "Traceback" not in out
 

@@ -25,7 +25,8 @@ x = rng.rand(256, 8, 8, 1).astype("float32")
 y = (x.reshape(256, -1).sum(axis=1) > 32).astype("int64")
 
 strategy = tf.distribute.MirroredStrategy()
-print("Number of devices: {}".format(strategy.num_replicas_in_sync), flush=True)
+keras_version = getattr(tf.keras, "__version__", None) or "2 (tf-keras)"      # tf-keras's tf.keras has none
+print("Number of devices: {} (Keras {})".format(strategy.num_replicas_in_sync, keras_version), flush=True)
 BATCH_SIZE = 16 * strategy.num_replicas_in_sync
 
 with strategy.scope():

@@ -11,13 +11,16 @@ runs the script as ``__main__`` after :func:`install`, which makes
   and a trainer that trains a private copy there say so once;
 - a non-chief trainer's checkpoints written aside, so the chief's do not race (:mod:`.checkpoints`);
 - a worker or ps left in ``server.join()`` (TF 2's ParameterServerStrategy) ends with its chief
-  (:mod:`.servers`).
+  (:mod:`.servers`);
+- a trainer whose all-reduce group lost a member says so in one line naming it, exit 3 (:mod:`.faults`);
+- without tf-keras, what Keras 3 lacks of Keras 2 is one line naming the ``legacy`` extra (:mod:`.keras3`).
 
 docs/tf2.md lists what the mode covers. Importing this package does not import
 TensorFlow. Its modules: :mod:`.strategies` (the cluster's strategies),
 :mod:`.names` (the table of names and their patches), :mod:`.checkpoints`
 (a non-chief's writes aside), :mod:`.servers` (``join()`` until the chief
-ends), ``__main__``
+ends), :mod:`.faults` (a lost trainer in one line), :mod:`.keras3` (Keras 2's
+names under Keras 3), ``__main__``
 (``python -m tfcluster.tf2 script.py``).
 """
 
