@@ -91,6 +91,32 @@ def test_a_killed_worker_restarts_every_trainer_and_backup_and_restore_resumes_a
     assert resumed == [interrupted, interrupted], (interrupted, resumed)
 
 
+@pytest.mark.timeout(300)
+def test_sigterm_ends_every_trainer_at_once_and_a_rerun_resumes_at_the_epoch_it_interrupted(procs, tmp_path,
+                                                                                          reliability):
+    def launch(name, epochs):
+        return Stream(procs.start(TFCLUSTER + ["local", "--tf2", "--ps", "0", "--workers", "2", "--log-dir",
+                                               str(tmp_path / name), "--", "python", PROGRAM, "--backup",
+                                               str(tmp_path / "backup"), "--epochs", str(epochs), "--batch-sleep",
+                                               "0.05"], cwd=str(tmp_path)), name)
+    run = launch("first", 100)
+    run.wait_for(r"^\[worker:1\] batch 4 of epoch 2 ", 150)
+    t_term = time.monotonic()
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish(timeout=90) == 143, run.tail(60)
+    t_end = time.monotonic()
+    for i in range(2):         # TF's coordination service took SIGTERM and trained on until --stop-grace's SIGKILL
+        assert run.matches(rf"^\[worker:{i}\] tfcluster: warning: worker:{i} stopped on SIGTERM: TF 2 training saves "
+                           r"nothing on it \(Keras's BackupAndRestore resumes at the epoch in flight"), run.tail(60)
+    interrupted = max(int(m.group(1)) for _, m in run.matches(r"^\[worker:\d\] epoch (\d+) begins$"))
+    again = launch("again", interrupted + 1)
+    assert again.finish(timeout=200) == 0, again.tail(60)
+    resumed = min(int(m.group(1)) for _, m in again.matches(r"^\[worker:\d\] epoch (\d+) begins$"))
+    reliability("TF2 mode: seconds from SIGTERM to the launcher's exit (--stop-grace 30)", t_end - t_term, "s")
+    reliability("TF2 mode, BackupAndRestore: whole epochs redone after a SIGTERM", interrupted - resumed, "epochs")
+    assert resumed == interrupted and t_end - t_term < 15
+
+
 def test_trainers_restart_together_in_tf2_mode_except_in_the_shape_of_parameter_server_strategy():
     from tfcluster.launch.config import LaunchConfig
     tf2 = ("python", "-m", "tfcluster.tf2", PROGRAM)

@@ -5,8 +5,8 @@ tolerance", writes it: the model built in a ``MultiWorkerMirroredStrategy``
 scope, ``fit`` with ``tf.keras.callbacks.BackupAndRestore(backup_dir=...)``, so
 that a cluster restarted after a trainer's failure resumes at the epoch it was
 in, not at the first. Local data (no download). Each epoch's start and end are
-printed (``epoch N begins`` / ``epoch N ends``), and each batch's number
-(``batch N of epoch E``); ``--batch-sleep S`` (a test's knob) makes each batch
+printed (``epoch N begins`` / ``epoch N ends``), and each batch's number and the
+optimizer's step (``batch N of epoch E (step S)``); ``--batch-sleep S`` (a test's knob) makes each batch
 last S seconds more, so a kill lands inside an epoch. ``--save-freq`` and
 ``--save-before-preemption`` are the callback's own arguments (TF 2.11+):
 a backup every N batches, and one when the process gets SIGTERM.
@@ -48,12 +48,14 @@ class Epochs(tf.keras.callbacks.Callback):
         print("epoch {} ends".format(epoch), flush=True)
 
     def on_train_batch_end(self, batch, logs=None):
-        print("batch {} of epoch {}".format(batch, self.epoch), flush=True)
+        step = int(self.model.optimizer.iterations.numpy())
+        print("batch {} of epoch {} (step {})".format(batch, self.epoch, step), flush=True)
         time.sleep(args.batch_sleep)
 
 
 save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq) or False
-callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup, save_freq=save_freq,
-                                                 save_before_preemption=args.save_before_preemption), Epochs()]
+# Epochs first: a batch's line is out before BackupAndRestore may save at it and exit.
+callbacks = [Epochs(), tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup, save_freq=save_freq,
+                                                           save_before_preemption=args.save_before_preemption)]
 model.fit(dataset, epochs=args.epochs, steps_per_epoch=10, verbose=0, callbacks=callbacks)
 print("trained {} epochs".format(args.epochs), flush=True)

@@ -13,14 +13,15 @@ runs the script as ``__main__`` after :func:`install`, which makes
 - a worker or ps left in ``server.join()`` (TF 2's ParameterServerStrategy) ends with its chief
   (:mod:`.servers`);
 - a trainer whose all-reduce group lost a member says so in one line naming it, exit 3 (:mod:`.faults`);
-- without tf-keras, what Keras 3 lacks of Keras 2 is one line naming the ``legacy`` extra (:mod:`.keras3`).
+- without tf-keras, what Keras 3 lacks of Keras 2 is one line naming the ``legacy`` extra (:mod:`.keras3`);
+- SIGTERM ends a trainer at once, which TF's coordination service would take for itself (:mod:`.preemption`).
 
 docs/tf2.md lists what the mode covers. Importing this package does not import
 TensorFlow. Its modules: :mod:`.strategies` (the cluster's strategies),
 :mod:`.names` (the table of names and their patches), :mod:`.checkpoints`
 (a non-chief's writes aside), :mod:`.servers` (``join()`` until the chief
 ends), :mod:`.faults` (a lost trainer in one line), :mod:`.keras3` (Keras 2's
-names under Keras 3), ``__main__``
+names under Keras 3), :mod:`.preemption` (SIGTERM given back), ``__main__``
 (``python -m tfcluster.tf2 script.py``).
 """
 
@@ -46,8 +47,8 @@ def install():
     from ..topology.taskenv import import_tensorflow
     import_tensorflow()
     from ..core import patches
-    from . import checkpoints, names, servers, strategies
-    for name in names.PATCHES + strategies.PATCHES + checkpoints.PATCHES + servers.PATCHES:
+    from . import checkpoints, names, preemption, servers, strategies
+    for name in names.PATCHES + strategies.PATCHES + checkpoints.PATCHES + servers.PATCHES + preemption.PATCHES:
         patches.install(name)
     _installed = True
 
