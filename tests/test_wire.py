@@ -5,7 +5,7 @@ tf.compat.v1.layers and a tf-keras layer) on 1 ps + 2 sync workers, once with
 ``tfcluster local --wire bfloat16`` and once in float32, and reads a traced
 step of each: the partition graphs say which dtype each tensor crossing tasks
 has (a bfloat16 tensor can only leave the task that cast it), and the
-RecvTensor lines of the trace say how many bytes each crossing moved.
+RecvTensor lines of the traces say how many bytes each crossing moved (three traced steps).
 """
 
 import importlib.util
@@ -64,8 +64,10 @@ def _run(tmp_path, wire):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=base_env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.splitlines()
-    transfers = {line.split("]")[0].lstrip("["): json.loads(line.split("TRANSFERS ", 1)[1])
-                 for line in lines if "TRANSFERS " in line}
+    transfers = {}          # task -> every traced step's transfers
+    for line in lines:
+        if "TRANSFERS " in line:
+            transfers.setdefault(line.split("]")[0].lstrip("["), []).append(json.loads(line.split("TRANSFERS ", 1)[1]))
     result = json.loads(next(line for line in lines if "RESULT " in line).split("RESULT ", 1)[1])
     return transfers, result, r.stdout
 
@@ -83,16 +85,21 @@ def test_bfloat16_wire_halves_the_bytes_casts_on_the_sending_side_and_trains_as_
     assert "weights and gradients travel as bfloat16 (5 variable(s)" in out
     assert set(narrow) == {"worker:0", "worker:1"}
     for worker in ("worker:0", "worker:1"):
-        sends = narrow[worker]["sends"]
-        # Every weight leaves the ps, and every gradient leaves the worker, already cast: bfloat16 on the wire.
-        assert sum(s["src"] == "ps:0" and s["dtype"] == "bfloat16" for s in sends) == 5, sends
-        assert sum(s["dst"] == "ps:0" and s["dtype"] == "bfloat16" for s in sends) == 5, sends
-        assert not any(s["dtype"] == "bfloat16" for s in wide[worker]["sends"])
-        # A sync wait loops on the ps alone: no part of its while loop crosses to a worker each iteration.
-        assert not [s["name"] for s in sends if "/while/" in s["name"]]
-        # The bytes: 2 per parameter each way (a float32 step moves 4), plus a few scalars (steps, stamps).
+        assert len(narrow[worker]) == len(wide[worker]) == 3           # three traced steps each
+        for step in narrow[worker]:
+            sends = step["sends"]
+            # Every weight leaves the ps, and every gradient leaves the worker, already cast: bfloat16 on the wire.
+            assert sum(s["src"] == "ps:0" and s["dtype"] == "bfloat16" for s in sends) == 5, sends
+            assert sum(s["dst"] == "ps:0" and s["dtype"] == "bfloat16" for s in sends) == 5, sends
+            # A sync wait loops on the ps alone: no part of its while loop crosses to a worker each iteration.
+            assert not [s["name"] for s in sends if "/while/" in s["name"]]
+        assert not any(s["dtype"] == "bfloat16" for step in wide[worker] for s in step["sends"])
+        # The bytes: 2 per parameter each way (a float32 step moves 4), plus a few scalars (steps, stamps). TF's
+        # trace can miss a RecvTensor of a loaded machine's step (CI-37: 8864 of 12,936 bytes), never add one: the
+        # fullest of the three traced steps is the step's traffic.
         for src, dst in (("ps:0", worker), (worker, "ps:0")):
-            got, full = _bytes(narrow[worker]["received"], src, dst), _bytes(wide[worker]["received"], src, dst)
+            got = max(_bytes(step["received"], src, dst) for step in narrow[worker])
+            full = max(_bytes(step["received"], src, dst) for step in wide[worker])
             assert 2 * PARAMS <= got <= 2 * PARAMS + 64, (src, dst, got)
             assert 4 * PARAMS <= full <= 4 * PARAMS + 64, (src, dst, full)
     # The ps kept float32: the checkpoint holds every variable as float32.

@@ -4,8 +4,8 @@ A small classifier on fixed random data, with its trainable variables made
 three ways: ``tf.compat.v1.get_variable``, ``tf.compat.v1.layers.dense`` and a
 tf-keras graph-mode ``Dense`` layer. The wire comes from ``--wire`` or, when
 it is not given, from ``TFCLUSTER_WIRE`` (``tfcluster local --wire``). One
-step, the third, is traced with its partition graphs; each trainer prints
-``TRANSFERS <json>``: every tensor its step sends between tasks with its dtype,
+steps, the third to the fifth, are traced with their partition graphs; each trainer prints
+``TRANSFERS <json>`` for each: every tensor its step sends between tasks with its dtype,
 and every tensor received from another task with its bytes (:class:`Transfers`, tfcluster.step_traffic). The chief then prints ``RESULT <json>``: its last loss, the
 test accuracy of the checkpoint, and the dtype of every variable in it.
 """
@@ -72,12 +72,12 @@ class Transfers(tfcluster.Hook):
     with its bytes and the tensor it carried.
     """
 
-    def __init__(self, at=3):
+    def __init__(self, at=(3, 4, 5)):
         self.at, self.seen = at, 0
 
     def before_run(self, run_context):
         self.seen += 1
-        if self.seen == self.at:
+        if self.seen in self.at:
             return tfcluster.RunArgs(fetches=[], options=tf1.RunOptions(
                 trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True))
         return None

@@ -7,9 +7,7 @@ that a cluster restarted after a trainer's failure resumes at the epoch it was
 in, not at the first. Local data (no download). Each epoch's start and end are
 printed (``epoch N begins`` / ``epoch N ends``), and each batch's number and the
 optimizer's step (``batch N of epoch E (step S)``); ``--batch-sleep S`` (a test's knob) makes each batch
-last S seconds more, so a kill lands inside an epoch. ``--save-freq`` and
-``--save-before-preemption`` are the callback's own arguments (TF 2.11+):
-a backup every N batches, and one when the process gets SIGTERM.
+last S seconds more, so a kill lands inside an epoch.
 """
 
 import argparse
@@ -22,8 +20,6 @@ p = argparse.ArgumentParser()
 p.add_argument("--backup", required=True)
 p.add_argument("--epochs", type=int, default=6)
 p.add_argument("--batch-sleep", type=float, default=0.0)
-p.add_argument("--save-freq", default="epoch")
-p.add_argument("--save-before-preemption", action="store_true")
 args = p.parse_args()
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -53,9 +49,6 @@ class Epochs(tf.keras.callbacks.Callback):
         time.sleep(args.batch_sleep)
 
 
-save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq) or False
-# Epochs first: a batch's line is out before BackupAndRestore may save at it and exit.
-callbacks = [Epochs(), tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup, save_freq=save_freq,
-                                                           save_before_preemption=args.save_before_preemption)]
+callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup), Epochs()]
 model.fit(dataset, epochs=args.epochs, steps_per_epoch=10, verbose=0, callbacks=callbacks)
 print("trained {} epochs".format(args.epochs), flush=True)
