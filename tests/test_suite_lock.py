@@ -1,11 +1,12 @@
 """The suite's own rule for parallel runs (tests/conftest.py): serial tests run one at a time, one file's back to
-back, the other worker waiting once per file, not once per test; files with serial tests go first; tests in
-network namespaces run beside the rest.
+back, the other worker waiting once per file, not once per test; files with serial tests go first, then the
+longest files of a recorded run; tests in network namespaces run beside the rest.
 
 Each case runs a small suite of sleeping tests under pytest-xdist with this repo's conftest.py and pytest.ini's
 worker settings, and reads the order in which the tests started and ended.
 """
 
+import json
 import os
 import re
 import shutil
@@ -29,9 +30,12 @@ def test_sleeps(i):
 """
 
 
-def ran(tmp_path, files):
-    """Run ``files`` (name -> (serial?, number of tests)) on two workers; the tests' starts and ends in order."""
+def ran(tmp_path, files, seconds=None):
+    """Run ``files`` (name -> (serial?, number of tests)) on two workers, with ``seconds`` (file name -> seconds)
+    as the recorded seconds per file; the tests' starts and ends in order."""
     shutil.copy(os.path.join(REPO, "tests", "conftest.py"), tmp_path / "conftest.py")
+    if seconds:
+        (tmp_path / "file_seconds.json").write_text(json.dumps({f"test_{k}.py": v for k, v in seconds.items()}))
     with open(os.path.join(REPO, "pytest.ini")) as f:
         addopts = next(line.rstrip("\n") for line in f if line.startswith("addopts"))
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n    netns: namespaces\n"
@@ -72,6 +76,14 @@ def test_files_with_serial_tests_start_first_so_the_run_ends_on_tests_run_side_b
     events = ran(tmp_path, {"a_shared": (False, 2), "b_shared": (False, 2), "y_alone": (True, 2),
                             "z_alone": (True, 2)})
     assert all(re.search(r" [yz]_alone\d$", e) for e in events[:8]), events
+
+
+@pytest.mark.timeout(300)
+def test_the_longest_files_of_a_recorded_run_are_handed_out_first(tmp_path):
+    # Collected first, recorded short: handed out after the long one, so the run does not end on the long file.
+    events = ran(tmp_path, {"a_short": (False, 2), "b_short": (False, 2), "z_long": (False, 2)},
+                 seconds={"a_short": 1, "b_short": 2, "z_long": 100})
+    assert "start z_long0" in events[:2] and "start a_short0" not in events[:2], events
 
 
 @pytest.mark.timeout(300)
