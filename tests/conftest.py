@@ -199,17 +199,18 @@ def no_process_left(pids, timeout=5.0):
 # ------------------------------------------------------------------ tests side by side
 # pytest.ini runs the suite in two xdist workers, a test file to a worker (its module fixtures start once).
 # A test marked ``serial`` measures seconds against a bound (a fault's detection, a bound a user is promised) or
-# asserts a step never waited a second: serial tests run one at a time with nothing beside them, each file's back to back (a worker keeps the lock
-# from one serial test to the next of the same file). A readers-writer lock every test holds shared and a serial
-# test alone, with a turnstile that lets a waiting serial test in before the next shared holder, so it never
-# starves. Tests in network namespaces are not serial: each makes namespaces of its own (tests/netns.py, a
-# prefix of its own), Slurm's daemons are one file's (tests/test_slurm.py), and what they time has bounds loose
-# enough for a busy machine; their few tight ones are marked serial there. Fault tests that assert steps saved,
-# lost and resumed, and report seconds only as figures (test_preemption, test_canned_faults, test_faults' async
-# run), run beside other tests too: their figures are a shared machine's, their assertions hold on any.
-# Files with serial tests are handed out first (pytest.ini's --no-loadscope-reorder keeps this order): both
-# workers start on them, so one file's serial run follows another's with no wait for a test of the other worker
-# to end, and the run ends on tests that share the machine, not on one worker's serial file with the other idle.
+# asserts a step never waited a second: serial tests run one at a time with nothing beside them, each file's back to
+# back (a worker keeps the lock from one serial test to the next of the same file). A readers-writer lock every test
+# holds shared and a serial test alone, with a turnstile that lets a waiting serial test in before the next shared
+# holder, so it never starves. Tests in network namespaces are not serial: each makes namespaces of its own
+# (tests/netns.py, a prefix of its own), Slurm's daemons are one file's (tests/test_slurm.py), and what they time
+# has bounds loose enough for a busy machine; their few tight ones are marked serial there. Fault tests that assert
+# steps saved, lost and resumed, and report seconds only as figures (test_preemption, test_canned_faults,
+# test_faults' async run), run beside other tests too: their figures are a shared machine's, their assertions hold
+# on any.
+# Files with serial tests are handed out first (pytest.ini's --no-loadscope-reorder keeps this order): both workers
+# start on them, so one file's serial run follows another's with no wait for a test of the other worker to end, and
+# the run ends on tests that share the machine, not on one worker's serial file with the other idle.
 #: How long a test waits for the lock: longer than any one test file's serial tests run (test_faults_users_hit's
 #: ~215 s in CI, the longest) plus one test of the other worker (pytest.ini's timeouts).
 LOCK_WAIT_SECS = 900

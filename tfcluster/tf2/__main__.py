@@ -23,15 +23,18 @@ def _one_line_cause(error):
     """``(line, exit code)`` of the TfclusterError in ``error``'s chain (a strategy argument refused, say), of
     a trainer lost to the all-reduce group (:mod:`.faults`), or of a Keras 2 name Keras 3 lacks (:mod:`.keras3`);
     None: the traceback is the program's."""
+    from .faults import lost_peer_line
+    from .keras3 import keras3_line
     seen, first = set(), error
-    while error is not None and id(error) not in seen:
+    while error is not None and id(error) not in seen:          # the error and those it was raised from
         seen.add(id(error))
         if isinstance(error, TfclusterError):
             return str(error), error.exit_code
+        lost = lost_peer_line(error)
+        if lost is not None:
+            return lost
         error = error.__cause__ or error.__context__
-    from .faults import lost_peer_line
-    from .keras3 import keras3_line
-    return lost_peer_line(first) or keras3_line(first)
+    return keras3_line(first)
 
 
 def main(argv=None) -> int:

@@ -28,17 +28,13 @@ _HOW = {"heartbeats": f"sent no heartbeat for {HEARTBEAT_TIMEOUT_SECS}s (TF's co
 
 
 def lost_peer_line(error) -> Optional[Tuple[str, int]]:
-    """``(line, 3)`` when ``error`` (or an error it was raised from) says other trainers are gone, else None."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        lost = tferrors.lost_peers(error)
-        if lost:
-            tasks, how = lost
-            task = Cluster.from_environment().task
-            me = str(task) if task is not None else "this process"
-            return (f"{me}: {', '.join(tasks)} {_HOW[how]}: the all-reduce cannot go on without every trainer, so "
-                    f"{me} stops; tfcluster local --max-restarts restarts the trainers together, and Keras's "
-                    f"BackupAndRestore resumes from its backup (docs/tf2.md, \"Faults\")"), EXIT_UNREACHABLE
-        error = error.__cause__ or error.__context__
-    return None
+    """``(line, 3)`` when ``error`` says other trainers are gone, else None."""
+    lost = tferrors.lost_peers(error)
+    if not lost:
+        return None
+    tasks, how = lost
+    task = Cluster.from_environment().task
+    me = str(task) if task is not None else "this process"
+    return (f"{me}: {', '.join(tasks)} {_HOW[how]}: the all-reduce cannot go on without every trainer, so "
+            f"{me} stops; tfcluster local --max-restarts restarts the trainers together, and Keras's "
+            f"BackupAndRestore resumes from its backup (docs/tf2.md, \"Faults\")"), EXIT_UNREACHABLE

@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 from ..core.exits import EXIT_USAGE
 from ..topology.cluster import Cluster
 from ..topology.taskenv import legacy_keras_available
+from .strategies import trainers_spec
 
 #: Keras 3's modules as a missing name's error names them (``keras.api.losses``, ``keras._tf_keras.keras.losses``).
 _KERAS3_MODULE = re.compile(r"\bkeras\.(?:api|_tf_keras|src)\b")
@@ -43,8 +44,7 @@ def _multi_worker_fit(error) -> bool:
     """True for Keras 3's fit failing under MultiWorkerMirroredStrategy on this cluster's trainers."""
     if not isinstance(error, ValueError) or _PER_REPLICA not in str(error):
         return False
-    cluster = Cluster.from_environment()
-    return cluster is not None and cluster.num_replicas > 1
+    return trainers_spec(Cluster.from_environment()) is not None
 
 
 def keras3_line(error) -> Optional[Tuple[str, int]]:

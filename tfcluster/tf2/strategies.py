@@ -138,12 +138,16 @@ for _kind, _where, _arguments in (("MirroredStrategy", "", mirrored_arguments),
 _said_private = threading.Event()
 
 
+def _has_strategy() -> bool:
+    import tensorflow as tf
+    return tf.distribute.has_strategy()
+
+
 def said_private_copy(original):
     """An optimizer's ``apply_gradients`` that, on a cluster of several trainers with no strategy in scope, says
     once that this trainer trains a private copy of its model (a program that never built a strategy)."""
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        import tensorflow as tf
-        if not _said_private.is_set() and not tf.distribute.has_strategy():
+        if not _said_private.is_set() and not _has_strategy():
             cluster = Cluster.from_environment()
             _said_private.set()             # said now, or never to be said: one process, or a lone trainer
             if trainers_spec(cluster) is not None:
