@@ -8,6 +8,9 @@ restarted with ``BackupAndRestore`` resumes at the epoch it was in.
 - ``tfcluster local --tf2 --ps 0 --workers 2 --max-restarts 1``: a killed worker restarts every trainer (an
   all-reduce group takes no new member, docs/tf2.md "Faults"), ``BackupAndRestore`` resumes at the epoch the
   kill interrupted (epochs lost: 0, the figure in CI's log), and the run ends with exit 0.
+- SIGTERM: every trainer ends at once (TF's coordination service would take the signal and train on); a
+  program that saves at the signal (``BackupAndRestore(save_before_preemption=True)``, a custom loop with
+  ``PreemptionCheckpointHandler``) saves at the step every trainer agrees on, and its rerun loses no step.
 """
 
 import json
@@ -106,8 +109,8 @@ def test_sigterm_ends_every_trainer_at_once_and_a_rerun_resumes_at_the_epoch_it_
     assert run.finish(timeout=90) == 143, run.tail(60)
     t_end = time.monotonic()
     for i in range(2):         # TF's coordination service took SIGTERM and trained on until --stop-grace's SIGKILL
-        assert run.matches(rf"^\[worker:{i}\] tfcluster: warning: worker:{i} stopped on SIGTERM: TF 2 training saves "
-                           r"nothing on it \(Keras's BackupAndRestore resumes at the epoch in flight"), run.tail(60)
+        assert run.matches(rf"^\[worker:{i}\] tfcluster: warning: worker:{i} stopped on SIGTERM: nothing saved "
+                           r"\(Keras's BackupAndRestore resumes at the epoch in flight"), run.tail(60)
     interrupted = max(int(m.group(1)) for _, m in run.matches(r"^\[worker:\d\] epoch (\d+) begins$"))
     again = launch("again", interrupted + 1)
     assert again.finish(timeout=200) == 0, again.tail(60)
@@ -115,6 +118,44 @@ def test_sigterm_ends_every_trainer_at_once_and_a_rerun_resumes_at_the_epoch_it_
     reliability("TF2 mode: seconds from SIGTERM to the launcher's exit (--stop-grace 30)", t_end - t_term, "s")
     reliability("TF2 mode, BackupAndRestore: whole epochs redone after a SIGTERM", interrupted - resumed, "epochs")
     assert resumed == interrupted and t_end - t_term < 15
+
+
+SAVES_AT_SIGTERM = {
+    # program and its arguments, the line of a step done (its group: steps done so far), steps in an epoch
+    "fit, BackupAndRestore(save_before_preemption=True)": (
+        [PROGRAM, "--save-before-preemption", "--batch-sleep", "0.05", "--backup"],
+        r"^\[worker:\d\] batch \d+ of epoch \d+ \(step (\d+)\)$", 10),
+    "custom loop, PreemptionCheckpointHandler": (
+        [os.path.join(REPO, "tests", "programs", "tf2_preemption_loop.py"), "--step-sleep", "0.05", "--ckpt"],
+        r"^\[worker:\d\] step (\d+) done$", 20),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shape", sorted(SAVES_AT_SIGTERM))
+def test_a_program_that_saves_at_sigterm_saves_at_the_step_every_trainer_agrees_on_and_a_rerun_loses_none(
+        procs, tmp_path, reliability, shape):
+    program, step_done, per_epoch = SAVES_AT_SIGTERM[shape]
+
+    def launch(name, epochs):
+        return Stream(procs.start(TFCLUSTER + ["local", "--tf2", "--ps", "0", "--workers", "2", "--log-dir",
+                                               str(tmp_path / name), "--", "python"] + program +
+                                  [str(tmp_path / "saved"), "--epochs", str(epochs)], cwd=str(tmp_path)), name)
+    run = launch("first", 1000)
+    run.wait_for(step_done.replace(r"(\d+)", str(per_epoch + 5)), 150)
+    t_term = time.monotonic()
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish(timeout=90) == 143, run.tail(60)
+    t_end = time.monotonic()
+    done = max(int(m.group(1)) for _, m in run.matches(step_done))
+    again = launch("again", done // per_epoch + 2)
+    assert again.finish(timeout=200) == 0, again.tail(60)
+    restored = min(int(m.group(1)) for _, m in again.matches(step_done)) - 1
+    for stream in (run, again):
+        assert "Traceback" not in stream.text, stream.tail(60)
+    reliability(f"TF2 mode, {shape}: steps lost at a SIGTERM", done - restored, "steps")
+    reliability(f"TF2 mode, {shape}: seconds from SIGTERM to the launcher's exit", t_end - t_term, "s")
+    assert restored == done and t_end - t_term < 15
 
 
 def test_trainers_restart_together_in_tf2_mode_except_in_the_shape_of_parameter_server_strategy():

@@ -7,7 +7,8 @@ that a cluster restarted after a trainer's failure resumes at the epoch it was
 in, not at the first. Local data (no download). Each epoch's start and end are
 printed (``epoch N begins`` / ``epoch N ends``), and each batch's number and the
 optimizer's step (``batch N of epoch E (step S)``); ``--batch-sleep S`` (a test's knob) makes each batch
-last S seconds more, so a kill lands inside an epoch.
+last S seconds more, so a kill lands inside an epoch. ``--save-before-preemption`` is TF 2.11-2.15's
+``BackupAndRestore(..., save_before_preemption=True)``: a SIGTERM saves at the step.
 """
 
 import argparse
@@ -20,6 +21,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--backup", required=True)
 p.add_argument("--epochs", type=int, default=6)
 p.add_argument("--batch-sleep", type=float, default=0.0)
+p.add_argument("--save-before-preemption", action="store_true")
 args = p.parse_args()
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -49,6 +51,8 @@ class Epochs(tf.keras.callbacks.Callback):
         time.sleep(args.batch_sleep)
 
 
-callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup), Epochs()]
+backup = (tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup, save_before_preemption=True)
+          if args.save_before_preemption else tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup))
+callbacks = [Epochs(), backup]      # a batch is printed before a save at a SIGTERM ends the trainer
 model.fit(dataset, epochs=args.epochs, steps_per_epoch=10, verbose=0, callbacks=callbacks)
 print("trained {} epochs".format(args.epochs), flush=True)
