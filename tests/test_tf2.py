@@ -41,6 +41,7 @@ CUSTOM_LOOP = os.path.join(REPO, "tests", "programs", "tf2_custom_loop.py")
 KERAS_FIT = os.path.join(REPO, "tests", "programs", "tf2_keras_fit.py")
 MULTI_WORKER = os.path.join(REPO, "tests", "programs", "tf2_multi_worker.py")
 PARAMETER_SERVER = os.path.join(REPO, "tests", "programs", "tf2_parameter_server.py")
+ESTIMATOR = os.path.join(REPO, "tests", "programs", "tf2_estimator.py")
 NO_STRATEGY = """
 import tensorflow as tf
 model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
@@ -96,9 +97,12 @@ def probed(tmp_path_factory):
 @pytest.mark.parametrize("row", range(len(NAMES)), ids=[n.name.split("(")[0] for n in NAMES])
 def test_each_name_of_the_table_works_in_tf2_mode_and_a_removed_one_fails_without_it(probed, row):
     in_mode, without = probed
-    assert in_mode[str(row)] == "ok", NAMES[row]
-    if NAMES[row].tf_221 == "AttributeError":
-        assert without[str(row)].startswith("AttributeError"), without[str(row)]
+    if "--tf1" in NAMES[row].served:       # the Estimator's names: TF1 mode's, said in one line
+        assert in_mode[str(row)].startswith("TF1ModeName: ") and "run the program with --tf1" in in_mode[str(row)]
+    else:
+        assert in_mode[str(row)] == "ok", NAMES[row]
+    if NAMES[row].tf_221 in ("AttributeError", "TypeError"):
+        assert without[str(row)].startswith(NAMES[row].tf_221), without[str(row)]
     else:
         assert without[str(row)] == "ok", (NAMES[row], without[str(row)])
 
@@ -291,6 +295,25 @@ def test_tfs_parameter_server_tutorial_trains_on_the_ps_and_every_task_ends_with
         assert re.search(rf"^\[worker:{i}\] tfcluster: info: worker:{i}: its chief \(chief:0\) ended: "
                          r"server\.join\(\) returns$", out, re.M), out[-4000:]
     assert "[tfcluster] done: 3 trainer(s) succeeded" in out
+
+
+ESTIMATOR_CLUSTERS = {"parameter_server": ["--chief", "--ps", "1", "--workers", "1"],
+                      "multi_worker": ["--ps", "0", "--workers", "2"]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", sorted(ESTIMATOR_CLUSTERS))
+def test_a_tf2_estimator_program_is_tf1_modes_it_trains_there_and_tf2_mode_says_so_in_one_line(tmp_path, strategy):
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf2", ESTIMATOR, "--strategy", strategy, "--model-dir",
+                        str(tmp_path / "one")], capture_output=True, text=True, timeout=120, env=base_env())
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert re.search(r"^tfcluster: error: .* run the program with --tf1 \(tfcluster local --tf1 ", r.stderr, re.M)
+    code, out = run_local(tmp_path, "--tf1", *ESTIMATOR_CLUSTERS[strategy], "--", sys.executable, ESTIMATOR,
+                          "--strategy", strategy, "--model-dir", tmp_path / "model")
+    assert code == 0, out[-4000:]
+    assert len(re.findall(r"^\[\w+:\d\] trained: ", out, re.M)) == 2, out[-4000:]      # both trainers
+    saved = re.search(r'^model_checkpoint_path: ".*-(\d+)"$', (tmp_path / "model" / "checkpoint").read_text(), re.M)
+    assert int(saved.group(1)) >= 40, out[-4000:]       # max_steps; in async training a last step may land after
 
 
 @pytest.mark.timeout(300)

@@ -4,11 +4,15 @@ Each :class:`Name` is one row: the name a TF 2.0-2.15 program uses, the release
 that took it away, and what TF2 mode gives it. The names TF 2.21 no longer has
 are served again by patches that add them (``Patch(adds=True)``,
 :mod:`tfcluster.core.patches`); :mod:`.strategies` makes the one-process
-strategies the cluster's. tests/test_tf2.py runs one program line per row.
+strategies the cluster's. The Estimator's names (``tf.estimator``, TF 2.0-2.3's
+``ParameterServerStrategy()``) are TF1 mode's, where tfcluster's Estimator runs:
+here they are one line naming ``--tf1`` (:class:`TF1ModeName`). tests/test_tf2.py runs one program line per row.
 """
 
+import types
 from dataclasses import dataclass
 
+from ..core.errors import TfclusterError
 from ..core.patches import Patch, register
 
 _LIB = "tensorflow.python.distribute.distribute_lib"
@@ -22,6 +26,42 @@ class Name:
     tf_221: str         #: what TF 2.21 does with it
     served: str         #: what TF2 mode gives
     example: str        #: one program line that uses it (tests/test_tf2.py runs each, ``strategy`` in scope)
+
+
+class TF1ModeName(TfclusterError, AttributeError):
+    """A name of TF 2.0-2.15 that tfcluster serves in TF1 mode (the Estimator's): one line naming ``--tf1``."""
+
+
+#: Why the Estimator's names are TF1 mode's: said where a TF 2 program reaches for them.
+_ESTIMATOR_LINE = ("tf.estimator: TensorFlow 2.16 removed it, and tfcluster's Estimator (graph mode, as TF 2's "
+                   "Estimator was) runs in TF1 mode: run the program with --tf1 (tfcluster local --tf1 ..., or python "
+                   "-m tfcluster.tf1 script.py), where a TF 2 program's Estimator and its strategy train as written "
+                   "(docs/tf2.md)")
+_PS_LINE = ("tf.distribute.experimental.ParameterServerStrategy() without a cluster resolver is TF 2.0-2.3's, which "
+            "trained an Estimator only: run the program with --tf1 (tfcluster local --tf1 --chief --ps 1 ...), where "
+            "it trains the Estimator on the ps tasks; TF 2.4's takes a cluster resolver and a ClusterCoordinator "
+            "(docs/tf2.md)")
+
+
+class _EstimatorInTF1Mode(types.ModuleType):
+    """``tf.estimator`` in TF2 mode: any name of it is one line naming ``--tf1``."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise TF1ModeName(_ESTIMATOR_LINE)
+
+
+def _estimator(_):
+    return _EstimatorInTF1Mode("tensorflow.estimator", "TF2 mode: the Estimator is TF1 mode's (--tf1).")
+
+
+def _tf20_parameter_server(original):
+    def __init__(self, cluster_resolver=None, *args, **kwargs):
+        if cluster_resolver is None:
+            raise TF1ModeName(_PS_LINE)
+        return original(self, cluster_resolver, *args, **kwargs)
+    return __init__
 
 
 def _run_v2(_):
@@ -48,9 +88,17 @@ register(Patch("tf2.experimental_run_v2", f"{_LIB}:StrategyBase.experimental_run
 register(Patch("tf2.experimental_make_numpy_dataset", f"{_LIB}:Strategy.experimental_make_numpy_dataset",
                "TF 2.0-2.3 programs make their numpy input with it; TF 2.4 took it from TF 2's Strategy",
                _numpy_dataset, "TF2 mode", adds=True))
+register(Patch("tf2.estimator_in_tf1_mode", "tensorflow:estimator",
+               "TF 2.16 removed tf.estimator; a TF 2 program that uses it is told in one line to run in TF1 mode",
+               _estimator, "TF2 mode", adds=True))
+register(Patch("tf2.tf20_parameter_server", "tensorflow.python.distribute.parameter_server_strategy_v2:"
+               "ParameterServerStrategyV2.__init__",
+               "TF 2.0-2.3's ParameterServerStrategy() (the Estimator's) is one line naming TF1 mode, not a TypeError",
+               _tf20_parameter_server, "TF2 mode", params=("self", "cluster_resolver")))
 
 #: Every patch of this module TF2 mode installs.
-PATCHES = ("tf2.experimental_run_v2", "tf2.experimental_make_numpy_dataset")
+PATCHES = ("tf2.experimental_run_v2", "tf2.experimental_make_numpy_dataset", "tf2.estimator_in_tf1_mode",
+           "tf2.tf20_parameter_server")
 
 #: docs/tf2.md's table of names, one test each.
 NAMES = (
@@ -79,6 +127,11 @@ NAMES = (
          "strategy.experimental_local_results(strategy.run(lambda: tf.constant(1.0)))"),
     Name("Strategy.reduce(op, value, axis)", "", "TF's (TF 2.0 required `axis`; it still takes it)",
          "TF's (it works)", "strategy.reduce(tf.distribute.ReduceOp.SUM, tf.constant([1.0, 2.0]), axis=0)"),
+    Name("tf.estimator", "2.16", "AttributeError", "one line naming `--tf1`, where tfcluster's Estimator runs "
+         "the program (below)", "tf.estimator.RunConfig()"),
+    Name("tf.distribute.experimental.ParameterServerStrategy()", "2.4 (needs a cluster resolver since)",
+         "TypeError", "one line naming `--tf1`, where it trains the Estimator on the ps (below)",
+         "tf.distribute.experimental.ParameterServerStrategy()"),
 )
 
 
