@@ -23,16 +23,18 @@ with batch 64 per worker, both on in-memory data, and the tutorials' CNN; on
 TF1 and on TF2 ParameterServerStrategy (docs/embeddings.md). Cluster throughput is measured
 over the window in which every worker was stepping, from each worker's step
 timeline, so a worker that starts late (raw TF1's non-chief waits 30 s for
-the model) does not distort it.
+the model) does not distort it. The TF2 mode rows (``tf2_*``) train the TF 2
+tutorials' CNN as ``fit`` and as a custom loop (scripts/bench/tf2_cnn.py) on 2
+workers under ``tfcluster local --tf2``, against TF's MultiWorkerMirroredStrategy
+set up by hand on the same global batch, and in one process with and without
+the mode.
 """
 
 import argparse
 import datetime
 import fnmatch
-import json
 import os
 import platform
-import re
 import shutil
 import socket
 import subprocess
@@ -48,117 +50,9 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, BENCH)
 
 from figures import figures  # noqa: E402
-from tfcluster.topology.ports import pick_free_ports  # noqa: E402
-
-PY = sys.executable
+from runs import PY, child_env, parse_bench, run_by_hand, run_local, run_single, run_tf2_pss  # noqa: E402
 #: The click-through rows' TFRecord shards: made by the first row that reads them, removed when the bench ends.
 CLICKS = os.path.join(tempfile.gettempdir(), f"tfcbench-clicks-{os.getpid()}")
-
-
-def child_env(**extra):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", GRPC_VERBOSITY="NONE", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for name in ("TF_CONFIG", "TFCLUSTER_WIRE", "TFCLUSTER_STRATEGY"):
-        env.pop(name, None)
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def parse_bench(text, marker="BENCH "):
-    """Every ``BENCH {...}`` line a run printed, as dicts."""
-    out = []
-    for line in text.splitlines():
-        i = line.find(marker)
-        if i >= 0:
-            out.append(json.loads(line[i + len(marker):]))
-    return out
-
-
-def layout(workers, ps=0, chief=False):
-    """``1 worker, 1 ps``, ``2 workers``, ``chief, 2 workers, 1 ps``: a row's processes, in words."""
-    parts = (["chief"] if chief else []) + [f"{workers} worker{'' if workers == 1 else 's'}"]
-    return ", ".join(parts + ([f"{ps} ps"] if ps else []))
-
-
-# --------------------------------------------------------------- one run each
-def run_local(workload, ps=1, workers=2, extra=(), timeout=400, memory=False):
-    """Run a workload under ``tfcluster local``; return its results and the launch/exit times.
-
-    ``memory``: each ps in a memory cgroup (``--ps-memory``, root only) so the run also says each ps's peak
-    memory (``ps_peak``) and the bytes of variables it held (``ps_state``), ``{"ps:0": bytes}``.
-    """
-    logs = tempfile.mkdtemp(prefix="tfcbench-")
-    if memory:
-        extra = [*extra, "--ps-memory", "20G"]
-    cmd = [PY, "-m", "tfcluster", "local", "--ps", str(ps), "--workers", str(workers), "--log-dir", logs,
-           "--timeout", str(timeout - 10), *extra, "--", PY, *workload]
-    launched = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
-    exited = time.time()
-    state = _read_json(os.path.join(logs, "ps-state.json"))
-    shutil.rmtree(logs, ignore_errors=True)
-    results = parse_bench(p.stdout)
-    if p.returncode != 0 or len(results) < max(workers, 1):
-        raise RuntimeError(f"{' '.join(workload)} failed (exit {p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    run = dict(launched=launched, exited=exited, results=results, layout=layout(workers, ps))
-    if memory:
-        run.update(ps_peak=ps_peaks(p.stdout + p.stderr), ps_state=state)
-    return run
-
-
-_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
-
-
-def ps_peaks(text):
-    """``{"ps:0": bytes}`` from the launcher's ``ps memory: ps:0 peak 620.6 MB, ...`` line."""
-    return {m.group(1): float(m.group(2)) * _UNITS[m.group(3)]
-            for m in re.finditer(r"(ps:\d+) peak ([\d.]+) ([KMGT]?B)\b", text)}
-
-
-def _read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def run_single(workload, timeout=600):
-    """Run a workload as one plain process (no cluster)."""
-    launched = time.time()
-    p = subprocess.run([PY, *workload], capture_output=True, text=True, timeout=timeout, env=child_env())
-    results = parse_bench(p.stdout)
-    if p.returncode != 0 or not results:
-        raise RuntimeError(f"{' '.join(workload)} failed (exit {p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return dict(launched=launched, exited=time.time(), results=results, layout="1 process")
-
-
-def run_tf2_pss(steps, timeout=600, script="tf2_pss.py", ps=1, **env_extra):
-    """TF2 ParameterServerStrategy: ps and workers serve, the chief coordinates and measures."""
-    ports = pick_free_ports(3 + ps)
-    cluster = {"chief": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}", f"localhost:{ports[2]}"],
-               "ps": [f"localhost:{port}" for port in ports[3:]]}
-    script = os.path.join(BENCH, script)
-    servers = []
-
-    def env(kind, i):
-        return child_env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": i}}),
-                         BENCH_STEPS=steps, **env_extra)
-    try:
-        for kind, n in (("ps", ps), ("worker", 2)):
-            for i in range(n):
-                servers.append(subprocess.Popen([PY, script], env=env(kind, i), stdout=subprocess.DEVNULL,
-                                                stderr=subprocess.DEVNULL, start_new_session=True))
-        launched = time.time()
-        p = subprocess.run([PY, script], capture_output=True, text=True, timeout=timeout, env=env("chief", 0))
-    finally:
-        for s in servers:  # they serve forever by design; ours to end
-            s.kill()
-            s.wait()
-    results = parse_bench(p.stdout)
-    if p.returncode != 0 or not results:
-        raise RuntimeError(f"tf2_pss failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
-    return dict(launched=launched, exited=time.time(), results=results, layout=layout(2, ps, chief=True))
 
 
 def tcp_loopback_bps(megabytes=64, seconds=3.0):
@@ -300,6 +194,28 @@ def rows(quick, steps):
         "tfcluster_sync_towers_2": ("mlp", "tfcluster", lambda: run_local(mlp("sync", steps // 2, "--devices", "2"))),
     })
     out.update(ctr_rows(steps // 2))
+    out.update(tf2_rows(steps // 10))
+    return out
+
+
+def tf2_rows(steps):
+    """TF2 mode's rows (docs/tf2.md): the tutorials' CNN as ``fit`` and as a custom loop, global batch 128, on 2
+    workers under ``tfcluster local --tf2`` and by hand on TF's MultiWorkerMirroredStrategy, and in one process
+    with and without the mode."""
+    cnn = os.path.join(BENCH, "tf2_cnn.py")
+    keras2 = dict(TF_USE_LEGACY_KERAS="1")     # plain TF runs a TF 2.15 program's Keras 2 as TF2 mode does: tf-keras
+    out = {}
+    for loop in ("fit", "custom"):
+        def job(strategy, loop=loop):
+            return [cnn, "--loop", loop, "--strategy", strategy, "--steps", str(steps)]
+        out.update({
+            f"tf2_{loop}_tfcluster": ("tf2", "tfcluster", lambda job=job: run_local(job("mirrored"), ps=0,
+                                                                                   extra=["--tf2"])),
+            f"tf2_{loop}_by_hand": ("tf2", "plain TF", lambda job=job: run_by_hand(job("multi_worker"), **keras2)),
+            f"tf2_{loop}_single": ("tf2", "one process", lambda job=job: run_single(job("mirrored"), **keras2)),
+            f"tf2_{loop}_single_mode": ("tf2", "tfcluster",
+                                        lambda job=job: run_single(["-m", "tfcluster.tf2", *job("mirrored")])),
+        })
     return out
 
 

@@ -12,6 +12,7 @@ from conftest import REPO, base_env
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import bench  # noqa: E402  (it puts scripts/bench on the path for the modules below)
+import runs  # noqa: E402
 import report  # noqa: E402
 from figures import best, figures, met, ratio  # noqa: E402
 
@@ -59,9 +60,9 @@ def test_a_worker_that_never_stepped_leaves_the_cluster_rate_to_the_others_and_n
 
 
 def test_layouts_say_worker_or_workers():
-    assert bench.layout(1, 1) == "1 worker, 1 ps"
-    assert bench.layout(2) == "2 workers"
-    assert bench.layout(2, 1, chief=True) == "chief, 2 workers, 1 ps"
+    assert runs.layout(1, 1) == "1 worker, 1 ps"
+    assert runs.layout(2) == "2 workers"
+    assert runs.layout(2, 1, chief=True) == "chief, 2 workers, 1 ps"
 
 
 def test_each_figure_is_judged_against_its_goal_and_the_table_says_which_are_missed():
@@ -127,7 +128,7 @@ def test_click_through_figures_come_from_the_traced_bytes_and_the_ps_peaks():
 
 def test_the_ps_peaks_are_read_from_the_launchers_line():
     line = "[tfcluster] ps memory: ps:0 peak 658.1 MB, ps:1 peak 1.2 GB; limit 20.0 GB each (--ps-memory, cgroup v1)"
-    assert bench.ps_peaks(line) == {"ps:0": pytest.approx(658.1e6), "ps:1": pytest.approx(1.2e9)}
+    assert runs.ps_peaks(line) == {"ps:0": pytest.approx(658.1e6), "ps:1": pytest.approx(1.2e9)}
 
 
 def test_rows_may_be_chosen_by_pattern_and_an_unknown_one_is_one_line():

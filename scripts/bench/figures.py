@@ -16,6 +16,7 @@ PANELS = {
     "big": "bigger MLP 784-2048-2048-10 (5.8M parameters), batch 64 per worker",
     "cnn": "tutorials' CNN",
     "ctr": "click-through wide & deep: 26 x H-row tables (H = 100,000 unless named), batch 512, 2 workers, 2 ps",
+    "tf2": "TF 2 tutorials' CNN, fit and custom loop, global batch 128 (TF2 mode)",
     "startup": "start-up and teardown, seconds",
     "pull": "pulling a 64 MB variable from a ps",
     "accuracy": "README example (digits): test accuracy points, bfloat16 - float32 wire",
@@ -36,6 +37,8 @@ GROUPS = {
                                            "tfcluster_sync_towers_2"],
     "bigger MLP": ["big_single", "big_async", "big_async_bf16", "big_sync", "big_sync_bf16"],
     "CNN": ["single_cnn", "tfcluster_async_cnn"],
+    "TF 2 tutorials' CNN (TF2 mode)": [f"tf2_{loop}_{how}" for loop in ("fit", "custom")
+                                       for how in ("tfcluster", "by_hand", "single", "single_mode")],
     "click-through, 2 workers (2 ps unless named)": ["ctr_async", "ctr_async_1ps", "ctr_sync", "ctr_raw_tf1",
                                                      "ctr_tf2_pss", "ctr_async_h10k", "ctr_async_h1m", "ctr_sync_h1m",
                                                      "ctr_async_bf16"],
@@ -130,6 +133,13 @@ def figures(runs, thr, extra):
     pair("collective 2 workers x 2 towers / single_b128", "collective_2w_towers_2", "single_b128", "mlp",
          "one process")
     pair("ps sync x 2 towers / ps sync", "tfcluster_sync_towers_2", "tfcluster_sync", "mlp", "tfcluster")
+    for loop, shape in (("fit", "fit"), ("custom", "custom loop")):
+        pair(f"T1 TF2 {shape}: tfcluster --tf2 / TF's MultiWorkerMirroredStrategy by hand", f"tf2_{loop}_tfcluster",
+             f"tf2_{loop}_by_hand", "tf2", "plain TF", ">= 1.0")
+        pair(f"T2 TF2 {shape}: 2 workers / one process on the same global batch", f"tf2_{loop}_tfcluster",
+             f"tf2_{loop}_single", "tf2", "one process")
+        pair(f"T3 TF2 {shape}: TF2 mode / plain TF, one process", f"tf2_{loop}_single_mode", f"tf2_{loop}_single",
+             "tf2", "one process", ">= 0.98")
     pair("W2 bigger MLP: bfloat16 wire / float32 wire, async", "big_async_bf16", "big_async", "big", "tfcluster",
          ">= 1.3")
     pair("W2 bigger MLP: bfloat16 wire / float32 wire, sync", "big_sync_bf16", "big_sync", "big", "tfcluster",
