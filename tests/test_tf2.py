@@ -16,6 +16,10 @@
 - without tf-keras (Keras 3), the custom loop as Keras 3 spells it trains one model over two workers; the
   Keras tutorial's ``fit`` runs in one process, and on two workers (which Keras 3's fit does not support) is
   one line naming the ``legacy`` extra, as is a Keras 2 name the custom loop uses (``reset_states()``);
+- the README's example (examples/tf2_digits.py, both loops) trains one model over two workers, and its
+  chief alone reports a test accuracy above 0.9;
+- a TF 2 Estimator program (TF 2.0-2.3's ``ParameterServerStrategy()``, the multi-worker Estimator
+  tutorial) is one line naming ``--tf1`` in TF2 mode, and trains under ``--tf1``;
 - the mode's command line: ``--tf2`` rewrites ``python script.py``, refuses what is not a Python script and
   ``--tf1`` beside it, each in one line.
 """
@@ -42,6 +46,7 @@ KERAS_FIT = os.path.join(REPO, "tests", "programs", "tf2_keras_fit.py")
 MULTI_WORKER = os.path.join(REPO, "tests", "programs", "tf2_multi_worker.py")
 PARAMETER_SERVER = os.path.join(REPO, "tests", "programs", "tf2_parameter_server.py")
 ESTIMATOR = os.path.join(REPO, "tests", "programs", "tf2_estimator.py")
+EXAMPLE = os.path.join(REPO, "examples", "tf2_digits.py")
 NO_STRATEGY = """
 import tensorflow as tf
 model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
@@ -209,11 +214,11 @@ def test_the_custom_loop_tutorial_trains_one_model_over_two_workers_as_one_proce
             np.testing.assert_array_equal(a, b)
 
 
-def one_model_on_two_workers(tmp_path, program, out_dir, env=None):
-    """``program --out out_dir`` under ``tfcluster local --tf2 --ps 0 --workers 2`` (in ``env``): it exits 0 and
-    both workers hold the same weights, bit for bit. Returns the run's output."""
+def one_model_on_two_workers(tmp_path, program, out_dir, *args, env=None):
+    """``program --out out_dir ARGS`` under ``tfcluster local --tf2 --ps 0 --workers 2`` (in ``env``): it exits 0
+    and both workers hold the same weights, bit for bit. Returns the run's output."""
     code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--timeout", "200", "--",
-                          sys.executable, program, "--out", out_dir, timeout=260, env=env)
+                          sys.executable, program, "--out", out_dir, *args, timeout=260, env=env)
     assert code == 0, out[-4000:]
     for a, b in zip(weights(out_dir, "worker-0"), weights(out_dir, "worker-1")):
         np.testing.assert_array_equal(a, b)
@@ -221,10 +226,17 @@ def one_model_on_two_workers(tmp_path, program, out_dir, env=None):
 
 
 @pytest.mark.timeout(300)
-def test_the_keras_tutorial_compiled_in_a_mirrored_scope_fits_one_model_over_two_workers(tmp_path):
-    out = one_model_on_two_workers(tmp_path, KERAS_FIT, tmp_path / "cluster")
+def test_the_keras_tutorial_compiled_in_a_mirrored_scope_fits_one_model_over_two_workers_as_one_process(tmp_path):
+    out = one_model_on_two_workers(tmp_path, KERAS_FIT, tmp_path / "cluster", "--same-batches")
     assert len(re.findall(r"\[worker:\d\] Number of devices: 2 \(Keras 2 \(tf-keras\)\)$", out, re.M)) == 2, out[-4000:]
     assert "ps task" not in out                      # --ps 0: nothing unused to name
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf2", KERAS_FIT, "--out", str(tmp_path / "one"),
+                        "--logical-cpus", "2", "--same-batches"], capture_output=True, text=True, timeout=150,
+                       env=base_env())
+    assert r.returncode == 0 and "Number of devices: 2" in r.stdout, r.stderr[-3000:]
+    # As for the custom loop: the same global batches from the same start, summed in another order (float32).
+    for a, b in zip(weights(tmp_path / "cluster", "worker-0"), weights(tmp_path / "one", "local-0")):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def without_tf_keras(tmp_path) -> dict:
@@ -295,6 +307,20 @@ def test_tfs_parameter_server_tutorial_trains_on_the_ps_and_every_task_ends_with
         assert re.search(rf"^\[worker:{i}\] tfcluster: info: worker:{i}: its chief \(chief:0\) ended: "
                          r"server\.join\(\) returns$", out, re.M), out[-4000:]
     assert "[tfcluster] done: 3 trainer(s) succeeded" in out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_the_readmes_tf2_example_trains_one_model_over_two_workers_and_the_chief_reports_its_accuracy(tmp_path,
+                                                                                                     loop):
+    code, out = run_local(tmp_path, "--tf2", "--ps", "0", "--workers", "2", "--", sys.executable, EXAMPLE,
+                          "--loop", loop)
+    assert code == 0, out[-4000:]
+    assert re.search(r"^\[worker:\d\] tfcluster: info: MirroredStrategy on a cluster of 2 trainers: one model over all of them", out,
+                     re.M), out[-4000:]
+    accuracy = re.findall(r"^\[worker:(\d)\] test accuracy: ([\d.]+)$", out, re.M)
+    assert [task for task, _ in accuracy] == ["0"], out[-4000:]          # the chief alone
+    assert float(accuracy[0][1]) > 0.9, out[-4000:]      # 297 held-out digits (measured: fit 0.95; one process 0.98)
 
 
 ESTIMATOR_CLUSTERS = {"parameter_server": ["--chief", "--ps", "1", "--workers", "1"],
