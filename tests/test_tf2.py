@@ -13,6 +13,8 @@
   two workers, and TF 2's ``ParameterServerStrategy`` tutorial (a ``ClusterCoordinator`` loop, or ``fit``)
   trains on ``--chief --ps 1 --workers 2`` with every task ending when the chief is done;
 - a program with no strategy on a cluster of several trainers says once that each trains a private copy;
+- bad strategy arguments: ``NcclAllReduce`` without GPUs and a device name TF cannot parse are one line
+  (exit 2); a device the machine lacks is one warning, and TF runs its replica on the CPU;
 - without tf-keras (Keras 3), the custom loop as Keras 3 spells it trains one model over two workers; the
   Keras tutorial's ``fit`` runs in one process, and on two workers (which Keras 3's fit does not support) is
   one line naming the ``legacy`` extra, as is a Keras 2 name the custom loop uses (``reset_states()``);
@@ -356,6 +358,35 @@ def test_a_program_with_no_strategy_on_two_workers_says_once_that_each_trains_a_
     alone = subprocess.run([sys.executable, "-m", "tfcluster.tf2", str(script)], capture_output=True, text=True,
                            timeout=150, env=base_env())
     assert alone.returncode == 0 and "trained" in alone.stdout and "private copy" not in alone.stderr, alone.stderr
+
+
+DEVICES = """
+import sys
+import tensorflow as tf
+strategy = tf.distribute.MirroredStrategy(sys.argv[1:])
+with strategy.scope():
+    v = tf.Variable(1.0)
+print("replicas", strategy.num_replicas_in_sync, "variable on", v.device.split("/")[-1], flush=True)
+"""
+
+
+@pytest.mark.timeout(200)
+def test_a_device_the_machine_lacks_is_one_warning_and_a_name_tf_cannot_parse_one_line(tmp_path):
+    script = tmp_path / "devices.py"
+    script.write_text(DEVICES)
+
+    def run(*devices):
+        return subprocess.run([sys.executable, "-m", "tfcluster.tf2", str(script), *devices], capture_output=True,
+                              text=True, timeout=120, env=base_env())
+    r = run("/gpu:0", "/gpu:1")         # a program written for a machine with two GPUs, here: TF runs it on the CPU
+    assert r.returncode == 0 and "replicas 2 variable on device:CPU:0" in r.stdout, r.stderr[-3000:]
+    assert re.search(r"^tfcluster: warning: MirroredStrategy\(devices=\['/gpu:0', '/gpu:1'\]\): /gpu:0, /gpu:1 are "
+                     r"not on this machine \(it has 1 CPU\): TF places those replicas on the CPU$", r.stderr, re.M), \
+        r.stderr[-3000:]
+    r = run("gpu0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert re.search(r"^tfcluster: error: MirroredStrategy\(devices=\['gpu0'\]\): 'gpu0' is not a device name "
+                     r"\(.*\); name devices as '/gpu:0', '/cpu:0'$", r.stderr, re.M), r.stderr[-3000:]
 
 
 @pytest.mark.timeout(300)

@@ -50,6 +50,42 @@ def _local_gpus(devices) -> Optional[int]:
     return sum(1 for name in names if "gpu" in name.lower())
 
 
+def _devices_here() -> dict:
+    """``{"CPU": 1, "GPU": 2}``: this process's devices of each type, logical ones counted (a CPU split in N)."""
+    import tensorflow as tf
+    counts = {}
+    for device in tf.config.list_physical_devices():
+        logical = tf.config.get_logical_device_configuration(device)
+        counts[device.device_type] = counts.get(device.device_type, 0) + (len(logical) if logical else 1)
+    return counts
+
+
+def check_devices(kind: str, devices) -> None:
+    """A device name TF cannot parse is one line (StrategyArgumentError); a device this machine lacks, one warning.
+
+    TF 2.21 raises a ValueError traceback at the first, and puts the second's replicas on the CPU without a
+    word (soft placement), as TF 2.x did: a program written for GPUs still runs here, and says so.
+    """
+    if devices is None:
+        return
+    import tensorflow as tf
+    names = [devices] if isinstance(devices, str) else list(devices)
+    here, missing = _devices_here(), []
+    for name in names:
+        try:
+            spec = tf.DeviceSpec.from_string(name)
+        except ValueError as e:
+            raise StrategyArgumentError(f"{kind}(devices={names}): {name!r} is not a device name "
+                                        f"({str(e).rstrip('.')}); name devices as '/gpu:0', '/cpu:0'") from None
+        if spec.device_type and (spec.device_index or 0) >= here.get(spec.device_type.upper(), 0):
+            missing.append(name)
+    if missing:
+        have = ", ".join(f"{n} {t}" for t, n in sorted(here.items()))
+        one = len(missing) == 1
+        log.warning("%s(devices=%s): %s %s not on this machine (it has %s): TF places %s on the CPU", kind, names,
+                    ", ".join(missing), "is" if one else "are", have, "that replica" if one else "those replicas")
+
+
 def _communication(cross_device_ops):
     """TF's collective options for a one-process ``cross_device_ops`` (NCCL only where there are GPUs)."""
     import tensorflow as tf
@@ -97,10 +133,12 @@ def on_cluster(original, kind: str, arguments):
 
     class Strategy(original, metaclass=SameAs):
         def __new__(cls, *args, **kwargs):
+            devices, cross_device_ops = arguments(*args, **kwargs)
+            check_devices(kind, devices)
             cluster = Cluster.from_environment()
             if trainers_spec(cluster) is None:
                 return super().__new__(cls)
-            return multi_worker(kind, cluster, *arguments(*args, **kwargs))
+            return multi_worker(kind, cluster, devices, cross_device_ops)
 
     Strategy.__name__ = Strategy.__qualname__ = kind
     Strategy.__module__ = original.__module__
