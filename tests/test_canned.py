@@ -134,7 +134,9 @@ def trained_on_a_cluster(tmp_path, name, tasks, *more):
     final = checkpoint_value(tmp_path / "model", "global_step")
     assert sum(steps.values()) - 1 <= final <= sum(steps.values()), (final, steps)
     evaluated = json.loads(run.printed("EVAL")["evaluator:0"])
-    assert evaluated["global_step"] == final and "loss" in evaluated, evaluated
+    # The evaluator ends at the first checkpoint at max_steps or past it: the chief's final save may come one step
+    # later, when the other worker's last step lands first (CI-42: evaluated 200, final 201).
+    assert int(max_steps) <= evaluated["global_step"] <= final and "loss" in evaluated, (evaluated, final)
     learns = not name.startswith("Baseline")          # a baseline predicts the label mean: nothing to learn beyond
     if learns and ("Classifier" in name or name in ("DNNEstimator", "DNNLinearCombinedEstimator", "wide_deep")):
         # 200 async steps: wide & deep on two ps reached 0.70 to 0.81 in three runs; the majority class is 0.56.
