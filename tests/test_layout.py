@@ -54,7 +54,7 @@ LAYERS = [
      ("keras", [["keras.step", "keras.checkpoints", "keras.towers", "keras.collective"], ["keras.session", "keras.graph"], ["keras.fit"], ["keras"]])],
     [("launch", [["launch.memory", "launch.forked"], ["launch.config", "launch.output", "launch.processes", "launch.result", "launch.task"],
                  ["launch.isolation", "launch.plan", "launch.restarts"], ["launch.supervisor"], ["launch"]])],
-    [("tf1", [["tf1.distribute", "tf1.slim"], ["tf1.contrib", "tf1.mnist", "tf1.mnist_model", "tf1.robust"], ["tf1.overrides"],
+    [("tf1", [["tf1.distribute", "tf1.slim", "tf1.estimator_paths"], ["tf1.contrib", "tf1.mnist", "tf1.mnist_model", "tf1.robust"], ["tf1.overrides"],
               ["tf1"],
               ["tf1.__main__"], ["tf1.forkserver"]]),
      ("tf2", [["tf2.strategies", "tf2.names", "tf2.servers", "tf2.faults", "tf2.preemption"], ["tf2.checkpoints", "tf2.keras3"], ["tf2"], ["tf2.__main__"]])],

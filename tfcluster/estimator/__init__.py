@@ -87,6 +87,12 @@ def _pandas_input_fn(x, y=None, batch_size=128, num_epochs=1, shuffle=None, queu
 
 # Set here, not in .inputs: it loads tensorflow-estimator (.canned), a room above .inputs.
 inputs.pandas_input_fn = _pandas_input_fn
+# tensorflow-estimator's own modules, as TF1 mode lets programs import them, hand the Estimator these classes (its
+# canned classes, made before, keep their base: tfcluster's Estimator that says their ValueErrors in one line).
+canned.PUBLIC.update(Estimator=Estimator, EstimatorV2=Estimator, RunConfig=RunConfig, TrainSpec=TrainSpec,
+                     EvalSpec=EvalSpec, train_and_evaluate=train_and_evaluate, Exporter=Exporter,
+                     LatestExporter=LatestExporter, FinalExporter=FinalExporter, numpy_input_fn=inputs.numpy_input_fn,
+                     WarmStartSettings=WarmStartSettings, VocabInfo=VocabInfo)
 
 
 class _Experimental(types.ModuleType):

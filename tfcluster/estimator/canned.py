@@ -41,7 +41,8 @@ from .estimator import Estimator
 
 #: The version whose internals this module knows (pip install 'tfcluster[legacy]').
 PACKAGE = "tensorflow-estimator==2.15.0"
-_ROOT = "tensorflow_estimator.python.estimator"
+#: The package of tensorflow-estimator's estimator modules.
+ROOT = "tensorflow_estimator.python.estimator"
 
 #: Each name TF 1.x's ``tf.estimator`` had, and the module of tensorflow-estimator that holds its v1 form.
 NAMES = {
@@ -64,6 +65,18 @@ EXPERIMENTAL = dict.fromkeys(["make_early_stopping_hook", "stop_if_higher_hook",
                               "stop_if_no_increase_hook", "stop_if_no_decrease_hook"], "early_stopping")
 
 _loaded = {}
+#: The classes a program hands the Estimator (``RunConfig``, ``TrainSpec``...), tfcluster's, by name: set by the
+#: package's ``__init__``, which holds them all; every module of tensorflow-estimator that has one gets it.
+PUBLIC = {}
+
+
+def _publish():
+    """Each loaded module of tensorflow-estimator holds tfcluster's :data:`PUBLIC` classes under their names."""
+    for name, loaded in list(sys.modules.items()):
+        if loaded is not None and name.startswith(ROOT + "."):
+            for attr, obj in PUBLIC.items():
+                if attr in vars(loaded):
+                    setattr(loaded, attr, obj)
 
 
 def _stand_ins():
@@ -81,7 +94,7 @@ def _stand_ins():
         def export_constant(self, module_name, name):
             """Nothing to register."""
 
-    export = types.ModuleType(f"{_ROOT}.estimator_export")
+    export = types.ModuleType(f"{ROOT}.estimator_export")
     export.estimator_export = estimator_export
     sys.modules[export.__name__] = export
     import tensorflow.python.distribute as distribute
@@ -148,15 +161,16 @@ def package(own_estimator: bool = False):
         sys.modules["tensorflow_estimator"] = top
     _stand_ins()
     with _tensorflow_with_tf_keras():
-        lib = importlib.import_module(f"{_ROOT}.estimator")
+        lib = importlib.import_module(f"{ROOT}.estimator")
         # Before any canned module is imported: their classes subclass tfcluster's Estimator.
         if not own_estimator:
             lib.Estimator = lib.EstimatorV2 = CannedEstimator
             lib.WarmStartSettings = warm_start.WarmStartSettings
         for module in sorted(set(NAMES.values()) | set(EXPERIMENTAL.values())):
-            importlib.import_module(f"{_ROOT}.{module}")
+            importlib.import_module(f"{ROOT}.{module}")
         if not own_estimator:       # its hooks take any Estimator, a model_fn of the user's included
-            sys.modules[f"{_ROOT}.early_stopping"].estimator_lib = types.SimpleNamespace(Estimator=Estimator)
+            sys.modules[f"{ROOT}.early_stopping"].estimator_lib = types.SimpleNamespace(Estimator=Estimator)
+            _publish()
     _loaded.update(estimator=lib, own=own_estimator)
     return lib
 
@@ -164,6 +178,17 @@ def package(own_estimator: bool = False):
 def _ready():
     """The package loaded (with whichever Estimator this process chose)."""
     return package(_loaded.get("own", False))
+
+
+def submodule(name: str):
+    """tensorflow-estimator's module ``name`` (a dotted path under ``tensorflow_estimator``), loaded as the canned
+    ones are: once :func:`package` set it up, with TF 2.21's API and tf-keras as its ``tensorflow``."""
+    _ready()
+    with _tensorflow_with_tf_keras():
+        loaded = importlib.import_module(name)
+    if not _loaded["own"]:
+        _publish()
+    return loaded
 
 
 def _said(what: str, error: Exception) -> SpecError:
@@ -210,7 +235,7 @@ def get(name: str):
     if name not in NAMES and name not in EXPERIMENTAL:
         raise AttributeError(name)
     _ready()
-    module = importlib.import_module(f"{_ROOT}.{NAMES.get(name) or EXPERIMENTAL[name]}")
+    module = importlib.import_module(f"{ROOT}.{NAMES.get(name) or EXPERIMENTAL[name]}")
     if name == "pandas_input_fn":
         return _pandas_input_fn(module.pandas_input_fn) if getattr(module, "HAS_PANDAS", False) else _without_pandas
     if name not in _loaded:         # one class object per name, as an import gives
@@ -237,7 +262,7 @@ def _baseline_v2(head, *args, **kwargs):
 def _by_head(v1, v2):
     """``v1`` built with a v1 head (``tf.contrib.estimator``'s), ``v2`` with a v2 head, whose loss and optimizer
     (a tf.keras one, or a name) are the v2 estimator's: a v1 estimator cannot train a v2 head."""
-    head_type = importlib.import_module(f"{_ROOT}.head.base_head").Head
+    head_type = importlib.import_module(f"{ROOT}.head.base_head").Head
 
     def __new__(cls, *args, **kwargs):
         head = kwargs.get("head", args[0] if args else None)
@@ -248,7 +273,7 @@ def _by_head(v1, v2):
 
 def _v1_head(kind: str):
     """tensorflow-estimator's v1 head constructor (the ``_Head`` that TF 1.x's v1 canned estimators take)."""
-    head = importlib.import_module(f"{_ROOT}.canned.head")
+    head = importlib.import_module(f"{ROOT}.canned.head")
     return getattr(head, {"binary": "_binary_logistic_head_with_sigmoid_cross_entropy_loss",
                           "multi_class": "_multi_class_head_with_softmax_cross_entropy_loss",
                           "regression": "_regression_head"}[kind])

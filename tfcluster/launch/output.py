@@ -18,6 +18,11 @@ _EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exceptio
 #: A one-line error as argparse, tfcluster (and tfcluster start) and the examples print it: ``PROG: error: ...``
 #: (after the time, in tfcluster's log lines).
 _TFCLUSTER_ERROR = re.compile(r"(?:\S+ )?[\w.-]+: error: (.+)")
+#: What a program run without a mode fails with when it uses the Estimator, which is TF1 mode's (docs/tf2.md).
+_ESTIMATOR = ("No module named 'tensorflow.python.distribute.estimator_training'", "name 'estimator_training'",
+              "module 'tensorflow' has no attribute 'estimator'", "No module named 'tensorflow.python.estimator'")
+_ESTIMATOR_HINT = ("; the program uses the Estimator, which TF 2.21 no longer has: run it in TF1 mode (--tf1), where "
+                   "tf.estimator and tensorflow_estimator are tfcluster's Estimator")
 
 
 def failure_cause(lines) -> Optional[str]:
@@ -36,7 +41,8 @@ def failure_cause(lines) -> Optional[str]:
         else:
             continue
         # Room for a long op name and TF's cause after it (an estimator's ops are nested 5 scopes deep).
-        return text if len(text) <= 300 else text[:297] + "..."
+        text = text if len(text) <= 300 else text[:297] + "..."
+        return text + (_ESTIMATOR_HINT if any(words in text for words in _ESTIMATOR) else "")
     return None
 
 

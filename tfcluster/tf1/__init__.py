@@ -8,6 +8,8 @@ runs the script as ``__main__`` after :func:`install`, which makes
 - ``tf.contrib`` the commonly used names mapped to TF 2.21 (:mod:`.contrib`),
   ``tf.contrib.slim`` and its kin from the tf-slim package (:mod:`.slim`);
   any other contrib name fails with one line naming its replacement;
+- ``tensorflow_estimator``, TF 1.13's ``tensorflow.python.estimator`` and ``tf.compat.v1.estimator``
+  tfcluster's Estimator, as ``tf.estimator`` is (:mod:`.estimator_paths`);
 - ``tensorflow.examples.tutorials.mnist.input_data`` read local MNIST or
   Fashion-MNIST IDX files (:mod:`.mnist`); it never downloads;
 - ``tf.layers`` work through tf-keras (TF_USE_LEGACY_KERAS=1) when installed;
@@ -16,7 +18,8 @@ runs the script as ``__main__`` after :func:`install`, which makes
 
 docs/tf1.md lists exactly what the mode covers and what it does not.
 Importing this package does not import TensorFlow. Its modules:
-:mod:`.contrib` (``tf.contrib``), :mod:`.distribute` (its strategies), :mod:`.slim` (tf-slim's names), :mod:`.mnist` (the tutorials' ``input_data``),
+:mod:`.contrib` (``tf.contrib``), :mod:`.distribute` (its strategies), :mod:`.slim` (tf-slim's names),
+:mod:`.estimator_paths` (the Estimator's other import names), :mod:`.mnist` (the tutorials' ``input_data``),
 :mod:`.mnist_model` (the tutorials' ``mnist.py`` model), :mod:`.overrides`
 (the names served instead of ``tf.compat.v1``'s), :mod:`.robust` (the session
 fixes), ``__main__`` (``python -m tfcluster.tf1 script.py``) and :mod:`.forkserver` (TF1-mode tasks
@@ -30,7 +33,7 @@ import os
 import sys
 import types
 
-from ..core import environment
+from ..core import environment, patches
 from ..core.checks import seconds_from
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import TF1RemovedError
@@ -39,7 +42,7 @@ from ..graph.sparse import install as install_distinct_lookups
 from ..topology.taskenv import legacy_keras_available, prepare_this_process
 from ..runtime.server import READY_POLL_SECS
 from ..training.session import THREAD_GRACE_SECS
-from . import slim
+from . import estimator_paths, slim
 
 __all__ = ["install", "installed", "legacy_keras_available", "tf1_command", "TF1RemovedError",
            "READY_POLL_ENV", "DEFAULT_READY_POLL_SECS", "STOP_GRACE_ENV", "DEFAULT_STOP_GRACE_SECS"]
@@ -140,6 +143,10 @@ class _TF1Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         module = self.modules.get(fullname)
         parts = fullname.split(".")
+        if module is None and estimator_paths.served(fullname):
+            module = estimator_paths.module(fullname, self.roots["estimator"])
+            if module is None:          # one of its own modules, loading: the installed package's
+                return None
         if module is None and slim.tf_slim_name(fullname):
             module = slim.import_module(fullname)
         if module is None and parts[0] == "tensorflow" and len(parts) > 1 and parts[1] in self.roots:
@@ -150,8 +157,12 @@ class _TF1Finder(importlib.abc.MetaPathFinder):
                 return None
         if module is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _ObjectLoader(module),
-                                              is_package=hasattr(module, "__path__"))
+        spec = importlib.machinery.ModuleSpec(fullname, _ObjectLoader(module), is_package=hasattr(module, "__path__"))
+        if sys.modules.get(fullname) is module:
+            # Loaded under this name just now (a module of tensorflow_estimator): the import system then takes the
+            # module's own spec, whose loader would run its code again into a second module; this one is taken.
+            module.__spec__ = spec
+        return spec
 
 
 def _examples_package():
@@ -212,6 +223,9 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
                           "distribute": overrides.distribute})
     sys.meta_path.insert(0, _TF1Finder({"contrib": contrib, "estimator": estimator}, modules))
     sys.modules["tensorflow"] = stand_in
+    sys.modules[estimator_paths.PACKAGE] = estimator_paths.top(estimator)
+    for name in estimator_paths.PATCHES:
+        patches.install(name)
 
     install_session_fixes(ready_poll_secs, retry_duplicates)
     _installed = stand_in

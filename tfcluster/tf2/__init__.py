@@ -50,6 +50,7 @@ def install():
     from . import checkpoints, names, preemption, servers, strategies
     for name in names.PATCHES + strategies.PATCHES + checkpoints.PATCHES + servers.PATCHES + preemption.PATCHES:
         patches.install(name)
+    names.refuse_estimator_packages()
     _installed = True
 
 

@@ -9,6 +9,8 @@ strategies the cluster's. The Estimator's names (``tf.estimator``, TF 2.0-2.3's
 here they are one line naming ``--tf1`` (:class:`TF1ModeName`). tests/test_tf2.py runs one program line per row.
 """
 
+import importlib.abc
+import sys
 import types
 from dataclasses import dataclass
 
@@ -32,11 +34,37 @@ class TF1ModeName(TfclusterError, AttributeError):
     """A name of TF 2.0-2.15 that tfcluster serves in TF1 mode (the Estimator's): one line naming ``--tf1``."""
 
 
-#: Why the Estimator's names are TF1 mode's: said where a TF 2 program reaches for them.
-_ESTIMATOR_LINE = ("tf.estimator: TensorFlow 2.16 removed it, and tfcluster's Estimator (graph mode, as TF 2's "
-                   "Estimator was) runs in TF1 mode: run the program with --tf1 (tfcluster local --tf1 ..., or python "
-                   "-m tfcluster.tf1 script.py), where a TF 2 program's Estimator and its strategy train as written "
-                   "(docs/tf2.md)")
+class TF1ModeImport(TfclusterError, ImportError):
+    """An import of the Estimator's package (``tensorflow_estimator``) in TF2 mode: one line naming ``--tf1``."""
+
+
+def _estimator_line(name: str, why: str = "TensorFlow 2.16 removed it") -> str:
+    """Why the Estimator's names are TF1 mode's: said where a TF 2 program reaches for them."""
+    return (f"{name}: {why}, and tfcluster's Estimator (graph mode, as TF 2's Estimator was) runs in TF1 mode: run "
+            "the program with --tf1 (tfcluster local --tf1 ..., or python -m tfcluster.tf1 script.py), where a TF 2 "
+            "program's Estimator and its strategy train as written (docs/tf2.md)")
+
+
+_ESTIMATOR_LINE = _estimator_line("tf.estimator")
+
+
+class EstimatorPackages(importlib.abc.MetaPathFinder):
+    """``import tensorflow_estimator`` (or TF 1.13's ``tensorflow.python.estimator``) in TF2 mode: one line naming
+    ``--tf1``, where TF's would fail deep inside (it needs TF internals 2.16 removed)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        """Refuse the Estimator's packages; leave every other import alone."""
+        if fullname.split(".")[0] == "tensorflow_estimator" or fullname.startswith("tensorflow.python.estimator"):
+            raise TF1ModeImport(_estimator_line(fullname.split(".")[0] if fullname.startswith("tensorflow_") else
+                                                "tensorflow.python.estimator",
+                                                "it does not import on TensorFlow 2.21 (it needs what 2.16 removed)"))
+        return None
+
+
+def refuse_estimator_packages():
+    """Install :class:`EstimatorPackages` (once): TF2 mode's answer to an import of the Estimator's package."""
+    if not any(isinstance(finder, EstimatorPackages) for finder in sys.meta_path):
+        sys.meta_path.insert(0, EstimatorPackages())
 _PS_LINE = ("tf.distribute.experimental.ParameterServerStrategy() without a cluster resolver is TF 2.0-2.3's, which "
             "trained an Estimator only: run the program with --tf1 (tfcluster local --tf1 --chief --ps 1 ...), where "
             "it trains the Estimator on the ps tasks; TF 2.4's takes a cluster resolver and a ClusterCoordinator "
@@ -129,6 +157,8 @@ NAMES = (
          "TF's (it works)", "strategy.reduce(tf.distribute.ReduceOp.SUM, tf.constant([1.0, 2.0]), axis=0)"),
     Name("tf.estimator", "2.16", "AttributeError", "one line naming `--tf1`, where tfcluster's Estimator runs "
          "the program (below)", "tf.estimator.RunConfig()"),
+    Name("import tensorflow_estimator", "2.16 (the package fails to import since)", "ImportError",
+         "one line naming `--tf1`", "__import__('tensorflow_estimator')"),
     Name("tf.distribute.experimental.ParameterServerStrategy()", "2.4 (needs a cluster resolver since)",
          "TypeError", "one line naming `--tf1`, where it trains the Estimator on the ps (below)",
          "tf.distribute.experimental.ParameterServerStrategy()"),
