@@ -9,7 +9,7 @@ runs the script as ``__main__`` after :func:`install`, which makes
   ``tf.contrib.slim`` and its kin from the tf-slim package (:mod:`.slim`);
   any other contrib name fails with one line naming its replacement;
 - ``tensorflow_estimator``, TF 1.13's ``tensorflow.python.estimator`` and ``tf.compat.v1.estimator``
-  tfcluster's Estimator, as ``tf.estimator`` is (:mod:`.estimator_paths`);
+  give tfcluster's Estimator, as ``tf.estimator`` does (:mod:`.estimator_paths`);
 - ``tensorflow.examples.tutorials.mnist.input_data`` read local MNIST or
   Fashion-MNIST IDX files (:mod:`.mnist`); it never downloads;
 - ``tf.layers`` work through tf-keras (TF_USE_LEGACY_KERAS=1) when installed;

@@ -15,9 +15,9 @@ tensorflow/ranking#362, tensorflow/hub#898):
   tfcluster's Estimator, with tf-keras), and the classes a program hands the
   Estimator (``RunConfig``, ``TrainSpec``, ``EvalSpec``, ``train_and_evaluate``,
   exporters, ``numpy_input_fn``, ``WarmStartSettings``, ``VocabInfo``:
-  ``canned.PUBLIC``) are ``tf.estimator``'s there too. ``EstimatorSpec`` and ``ModeKeys`` stay the
-  package's: tfcluster's Estimator takes its ``EstimatorSpec`` as its own,
-  and the mode keys are the same strings;
+  ``canned.PUBLIC``) are ``tf.estimator``'s there too. ``EstimatorSpec`` and
+  ``ModeKeys`` stay the package's: tfcluster's Estimator takes its
+  ``EstimatorSpec`` as its own, and the mode keys are the same strings;
 - ``tf.compat.v1.estimator``, ``tf.compat.v2.estimator`` and
   ``import tensorflow.compat.v1 as tf; tf.estimator``: tfcluster's.
 
@@ -52,7 +52,7 @@ def served(fullname: str) -> bool:
 
 def top(api) -> types.ModuleType:
     """The ``tensorflow_estimator`` package: its ``estimator`` is ``api`` (TF1 mode's ``tf.estimator``); its
-    modules import from the installed package (None-safe: without the package, only ``estimator`` is there)."""
+    modules import from the installed package (without the legacy extra, only ``estimator`` is there)."""
     package = sys.modules.get(PACKAGE)
     if package is None or getattr(package, "__file__", None):     # else the canned estimators' stand-in: kept
         package = types.ModuleType(PACKAGE, "tensorflow-estimator, as TF1 mode serves it (tfcluster's Estimator).")

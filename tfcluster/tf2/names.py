@@ -4,9 +4,10 @@ Each :class:`Name` is one row: the name a TF 2.0-2.15 program uses, the release
 that took it away, and what TF2 mode gives it. The names TF 2.21 no longer has
 are served again by patches that add them (``Patch(adds=True)``,
 :mod:`tfcluster.core.patches`); :mod:`.strategies` makes the one-process
-strategies the cluster's. The Estimator's names (``tf.estimator``, TF 2.0-2.3's
-``ParameterServerStrategy()``) are TF1 mode's, where tfcluster's Estimator runs:
-here they are one line naming ``--tf1`` (:class:`TF1ModeName`). tests/test_tf2.py runs one program line per row.
+strategies the cluster's. The Estimator's names (``tf.estimator``,
+``tensorflow_estimator``, TF 2.0-2.3's ``ParameterServerStrategy()``) are TF1
+mode's, where tfcluster's Estimator runs: here each is one line naming ``--tf1``.
+tests/test_tf2.py runs one program line per row.
 """
 
 import importlib.abc
@@ -54,10 +55,10 @@ class EstimatorPackages(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         """Refuse the Estimator's packages; leave every other import alone."""
-        if fullname.split(".")[0] == "tensorflow_estimator" or fullname.startswith("tensorflow.python.estimator"):
-            raise TF1ModeImport(_estimator_line(fullname.split(".")[0] if fullname.startswith("tensorflow_") else
-                                                "tensorflow.python.estimator",
-                                                "it does not import on TensorFlow 2.21 (it needs what 2.16 removed)"))
+        for package in ("tensorflow_estimator", "tensorflow.python.estimator"):
+            if fullname == package or fullname.startswith(package + "."):
+                raise TF1ModeImport(_estimator_line(package, "it does not import on TensorFlow 2.21 (it needs what "
+                                                             "2.16 removed)"))
         return None
 
 
@@ -65,6 +66,8 @@ def refuse_estimator_packages():
     """Install :class:`EstimatorPackages` (once): TF2 mode's answer to an import of the Estimator's package."""
     if not any(isinstance(finder, EstimatorPackages) for finder in sys.meta_path):
         sys.meta_path.insert(0, EstimatorPackages())
+
+
 _PS_LINE = ("tf.distribute.experimental.ParameterServerStrategy() without a cluster resolver is TF 2.0-2.3's, which "
             "trained an Estimator only: run the program with --tf1 (tfcluster local --tf1 --chief --ps 1 ...), where "
             "it trains the Estimator on the ps tasks; TF 2.4's takes a cluster resolver and a ClusterCoordinator "
