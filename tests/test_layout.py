@@ -51,6 +51,7 @@ LAYERS = [
                     ["estimator.training_graph", "estimator.export"],
                     ["estimator.estimator"], ["estimator.keras", "estimator.training", "estimator.canned"],
                     ["estimator"]]),
+     ("horovod", [["horovod.tensorflow"], ["horovod"]]),
      ("keras", [["keras.step", "keras.checkpoints", "keras.towers", "keras.collective"], ["keras.session", "keras.graph"], ["keras.fit"], ["keras"]])],
     [("launch", [["launch.memory", "launch.forked"], ["launch.config", "launch.output", "launch.processes", "launch.result", "launch.task"],
                  ["launch.isolation", "launch.plan", "launch.restarts"], ["launch.supervisor"], ["launch"]])],

@@ -103,6 +103,24 @@ def task_server(cluster: Cluster, config=None):
     return _HOSTED[key]
 
 
+_LOCAL_SESSIONS = []   # (server, config) that sessions made without a target run on (Horovod's programs)
+
+
+def serve_local_sessions(server, config) -> None:
+    """Sessions this process makes without a target (``''``) run on ``server``, with ``config`` under theirs.
+
+    Horovod's programs open local sessions and let Horovod's own ops talk to the
+    other processes; tfcluster's all-reduce is TF's collectives, which run only
+    in a session on this task's server (tfcluster/horovod/tensorflow.py).
+    """
+    _LOCAL_SESSIONS[:] = [(server, config)]
+
+
+def local_session_default():
+    """``(server, config)`` for a session made without a target, or None: it stays local."""
+    return _LOCAL_SESSIONS[0] if _LOCAL_SESSIONS else None
+
+
 def server_from_tf_config(timeout: float = CLUSTER_WAIT_SECS, environ=None):
     """The one call a TF1 script needs: read TF_CONFIG, start its server, wait for the ps.
 

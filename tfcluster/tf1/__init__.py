@@ -39,6 +39,7 @@ from ..core.duplicates import rerun_in_every_session
 from ..core.errors import TF1RemovedError
 from ..core.logs import quiet_keras_thread_notice, tensorflow_lines_once
 from ..graph.sparse import install as install_distinct_lookups
+from ..horovod import modules as horovod_modules
 from ..topology.taskenv import legacy_keras_available, prepare_this_process
 from ..runtime.server import READY_POLL_SECS
 from ..training.session import THREAD_GRACE_SECS
@@ -213,6 +214,7 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
     slim.restore_moved_names()
     install_distinct_lookups()      # replica_device_setter's tables: each distinct row read once (graph/sparse.py)
     modules = _examples_package()
+    modules.update(horovod_modules())       # horovod.tensorflow: tfcluster's (tfcluster/horovod)
     for name in _MNIST_NAMES[1:]:
         modules[name] = _mnist_module(name)
     contrib = contrib_mod.build(v1, modules[_MNIST_NAMES[1]])

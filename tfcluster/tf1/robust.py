@@ -57,6 +57,7 @@ import logging
 from ..core import patches
 from ..core.duplicates import last_failure
 from ..core.tferrors import describe
+from ..runtime.server import local_session_default
 
 log = logging.getLogger("tfcluster")
 
@@ -273,6 +274,9 @@ def _noting_servers(original):
 
 def _cluster_session(original):
     def __init__(self, target="", graph=None, config=None):
+        hosted = local_session_default()
+        if not target and hosted is not None:       # hvd.init() ran: Horovod's local session, on this task's server
+            target, config = hosted[0].target, _under(config, hosted[1])
         cluster = _this_task(_servers)
         if cluster is not None and cluster.this_task().trains:
             target_text = target.decode() if isinstance(target, bytes) else str(target)
@@ -338,6 +342,24 @@ def _this_task(servers):
     except Exception:  # a cluster tfcluster cannot read is the script's business
         return None
     return None
+
+
+def _under(config, base):
+    """``base`` (a ConfigProto) with ``config``'s own settings over it (``config`` may be None).
+
+    A program's ``gpu_options.visible_device_list`` (Horovod's programs pin ``str(hvd.local_rank())``) is
+    dropped where tfcluster gave the task its GPUs (``CUDA_VISIBLE_DEVICES``): the task sees only those,
+    numbered from 0, and local rank 1 would name a GPU it does not have.
+    """
+    import os
+    import tensorflow as tf
+    out = tf.compat.v1.ConfigProto()
+    out.CopyFrom(base)
+    if config is not None:
+        out.MergeFrom(config)
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            out.gpu_options.visible_device_list = base.gpu_options.visible_device_list
+    return out
 
 
 def _with_filters(config, filters):

@@ -1,0 +1,58 @@
+"""Horovod's examples/tensorflow/tensorflow_mnist.py as Horovod 0.28 writes it (TF 1.x graph), on local data.
+
+``hvd.init()``, a GPU pinned by ``visible_device_list = str(hvd.local_rank())``,
+``hvd.DistributedOptimizer`` around a ``tf.train`` optimizer,
+``hvd.BroadcastGlobalVariablesHook(0)``, ``StopAtStepHook``, checkpoints on rank
+0 alone, and a ``MonitoredTrainingSession`` without a target. Its data are
+generated (no download); each rank steps on its own part of a global batch
+(``--global-batch`` rows, rank r the r-th slice), and the learning rate is not
+scaled by the size, so one process on the global batch takes the same steps.
+``--out DIR`` gets ``weights-<rank>.npz``.
+"""
+
+import argparse
+import os
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--steps", type=int, default=20)
+p.add_argument("--global-batch", type=int, default=32)
+args = p.parse_args()
+
+hvd.init()
+rng = np.random.RandomState(0)
+x_all = rng.rand(2048, 64).astype("float32")
+y_all = (x_all.sum(axis=1) > 32).astype("int64")
+batch = args.global_batch // hvd.size()
+
+image = tf.placeholder(tf.float32, [None, 64])
+label = tf.placeholder(tf.int64, [None])
+hidden = tf.layers.dense(image, 32, activation=tf.nn.relu, kernel_initializer=tf.glorot_uniform_initializer(seed=1))
+logits = tf.layers.dense(hidden, 2, kernel_initializer=tf.glorot_uniform_initializer(seed=2))
+loss = tf.losses.sparse_softmax_cross_entropy(label, logits)
+
+global_step = tf.train.get_or_create_global_step()
+opt = hvd.DistributedOptimizer(tf.train.GradientDescentOptimizer(0.1))
+train_op = opt.minimize(loss, global_step=global_step)
+
+final = tf.train.FinalOpsHook(tf.trainable_variables())      # the weights at the end, for the test
+hooks = [hvd.BroadcastGlobalVariablesHook(0), tf.train.StopAtStepHook(last_step=args.steps), final]
+checkpoint_dir = os.path.join(args.out, "checkpoints") if hvd.rank() == 0 else None
+config = tf.ConfigProto()
+config.gpu_options.allow_growth = True
+config.gpu_options.visible_device_list = str(hvd.local_rank())
+
+step = 0
+with tf.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=hooks, config=config) as mon_sess:
+    while not mon_sess.should_stop():
+        lo = (step * args.global_batch) % len(x_all) + hvd.rank() * batch
+        mon_sess.run(train_op, feed_dict={image: x_all[lo:lo + batch], label: y_all[lo:lo + batch]})
+        step += 1
+weights = final.final_ops_values
+os.makedirs(args.out, exist_ok=True)
+np.savez(os.path.join(args.out, "weights-{}.npz".format(hvd.rank())), *weights)
+print("rank {} of {} (local rank {}): {} steps".format(hvd.rank(), hvd.size(), hvd.local_rank(), step), flush=True)

@@ -1,0 +1,348 @@
+"""``horovod.tensorflow`` for TF 1.x graph programs, on TF's collectives between tfcluster's tasks.
+
+Horovod's last release does not build on TF >= 2.16 (horovod/horovod#4290).
+TF1 mode serves its graph API under its own name (``import horovod.tensorflow
+as hvd``), mapped onto what tfcluster already runs:
+
+- ranks are TF_CONFIG's trainers, the chief (else worker 0) rank 0; ``local_rank``
+  counts the trainers on this host;
+- :func:`init` starts this task's TF server with the collective group leader
+  set, and the sessions the program opens without a target (Horovod's
+  programs open local ones) run on it (:func:`tfcluster.runtime.server.serve_local_sessions`);
+- :func:`allreduce` and :class:`DistributedOptimizer` sum with TF's
+  ``CollectiveReduceV2`` (divided by the size for ``Average``), :func:`broadcast`
+  and :class:`BroadcastGlobalVariablesHook` send with ``CollectiveBcastSendV2``.
+
+Horovod matches the ranks' ops by name; TF's collectives match by instance key,
+so each key is derived from the op's name (not from the order ops were made), and
+a rank that builds an op the others do not (rank 0's summaries) does not shift
+the rest. docs/horovod.md lists what is served and what is refused.
+"""
+
+import socket
+import zlib
+
+from ..core.errors import SpecError
+from ..runtime.server import serve_local_sessions, task_server
+from ..topology.cluster import Cluster
+
+__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
+           "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled",
+           "nccl_built", "Average", "Sum", "Adasum", "allreduce", "allgather", "broadcast", "broadcast_variables",
+           "broadcast_global_variables", "Compression", "DistributedOptimizer", "BroadcastGlobalVariablesHook"]
+
+#: TF's collective group of Horovod's ranks (tfcluster's collective strategy uses group 1).
+GROUP_KEY = 7
+#: Seconds one collective waits for the other ranks (the first one waits for them to start).
+COLLECTIVE_TIMEOUT_SECS = 300.0
+
+
+class HorovodNotInitialized(SpecError):
+    """A Horovod call before ``hvd.init()`` (Horovod's own ValueError), in one line."""
+
+
+class _Ops:
+    """Horovod's reduction ops, as constants (``hvd.Average``, ``hvd.Sum``, ``hvd.Adasum``)."""
+    Average, Sum, Adasum = 0, 1, 2
+
+
+Average, Sum, Adasum = _Ops.Average, _Ops.Sum, _Ops.Adasum
+_state = {}
+
+
+def init(comm=None, process_sets=None):
+    """Join this process's task to the ranks of TF_CONFIG's trainers (once)."""
+    if _state:
+        return
+    if comm is not None or process_sets is not None:
+        raise SpecError("hvd.init(comm=..., process_sets=...) is not covered: tfcluster's ranks are TF_CONFIG's "
+                        "trainers (docs/horovod.md)")
+    cluster = Cluster.from_environment()
+    if cluster is None or cluster.task is None or cluster.num_replicas < 2:
+        _state.update(cluster=None, rank=0, size=1, local_rank=0, local_size=1)
+        return
+    import tensorflow as tf
+    trainers = cluster.trainers()
+    me = cluster.task
+    leader = f"/job:{trainers[0].job}/replica:0/task:{trainers[0].index}"
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_filters=[me.device])
+    config.experimental.collective_group_leader = leader
+    server = task_server(cluster, config=config)
+    serve_local_sessions(server, config)
+    host = _host(cluster.address(me))
+    here = [t for t in trainers if _host(cluster.address(t)) == host]
+    _state.update(cluster=cluster, rank=trainers.index(me), size=len(trainers), local_rank=here.index(me),
+                  local_size=len(here), device=f"/job:{me.job}/replica:0/task:{me.index}/device:CPU:0")
+
+
+def _host(address: str) -> str:
+    host = address.rsplit(":", 1)[0]
+    return "localhost" if host in ("127.0.0.1", "localhost", socket.gethostname()) else host
+
+
+def _get(name):
+    if not _state:
+        raise HorovodNotInitialized(f"hvd.{name}() before hvd.init(): call hvd.init() first (as Horovod requires)")
+    return _state
+
+
+def shutdown():
+    """Nothing to release: the task's server lives as long as the process (TF cannot stop one)."""
+
+
+def is_initialized() -> bool:
+    """True once :func:`init` ran."""
+    return bool(_state)
+
+
+def size() -> int:
+    """How many ranks: TF_CONFIG's trainers (1 without a cluster)."""
+    return _get("size")["size"]
+
+
+def rank() -> int:
+    """This process's rank: its index among the trainers, the chief (else worker 0) first."""
+    return _get("rank")["rank"]
+
+
+def local_size() -> int:
+    """How many ranks run on this host."""
+    return _get("local_size")["local_size"]
+
+
+def local_rank() -> int:
+    """This process's index among the ranks on its host."""
+    return _get("local_rank")["local_rank"]
+
+
+def cross_size() -> int:
+    """How many hosts the ranks run on (ranks of one local rank, one per host)."""
+    state = _get("cross_size")
+    return state["size"] // state["local_size"] if state["size"] % state["local_size"] == 0 else 1
+
+
+def cross_rank() -> int:
+    """This host's index among the hosts (Horovod's cross rank)."""
+    return _get("cross_rank")["rank"] // _get("cross_rank")["local_size"]
+
+
+def mpi_threads_supported() -> bool:
+    """False: no MPI here (tfcluster's ranks talk over TF's gRPC collectives)."""
+    return False
+
+
+def mpi_built() -> bool:
+    """False: tfcluster's Horovod has no MPI."""
+    return False
+
+
+def mpi_enabled() -> bool:
+    """False: tfcluster's Horovod has no MPI."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: tfcluster's Horovod has no Gloo."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: tfcluster's Horovod has no Gloo."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False: the all-reduce is TF's collective (TF picks NCCL itself on GPUs when it can)."""
+    return False
+
+
+def _key(name: str) -> int:
+    """The collective instance key of the op ``name`` (the same on every rank that names it the same)."""
+    return 1000 + zlib.crc32(name.encode()) % 2_000_000_000
+
+
+def _collective(tensor, kind: str, name: str, root_rank: int = 0):
+    import tensorflow as tf
+    state = _get(kind)
+    n = state["size"]
+    scope = tf.compat.v1.get_default_graph().unique_name(name, mark_as_used=False)
+    args = dict(group_size=tf.constant(n), group_key=tf.constant(GROUP_KEY), instance_key=tf.constant(_key(scope)),
+                communication_hint="auto", timeout_seconds=COLLECTIVE_TIMEOUT_SECS)
+    with tf.compat.v1.name_scope(name), tf.device(state["device"]):
+        if kind == "allreduce":
+            return tf.raw_ops.CollectiveReduceV2(input=tensor, ordering_token=[], merge_op="Add", final_op="Id",
+                                                 **args)
+        if kind == "allgather":
+            return tf.raw_ops.CollectiveGatherV2(input=tensor, ordering_token=[], **args)
+        if state["rank"] == root_rank:
+            return tf.raw_ops.CollectiveBcastSendV2(input=tensor, **args)
+        return tf.raw_ops.CollectiveBcastRecvV2(shape=tf.shape(tensor), T=tensor.dtype, **args)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None, op=None, name=None):
+    """The sum over every rank of ``tensor`` (divided by the size for ``op=Average``, Horovod's default)."""
+    import tensorflow as tf
+    op = (Average if average in (None, True) else Sum) if op is None else op
+    if op == Adasum:
+        raise SpecError("hvd.Adasum is not covered: Horovod defines its numerics in its own C++ ops; use hvd.Average "
+                        "or hvd.Sum (docs/horovod.md)")
+    if isinstance(tensor, tf.IndexedSlices):
+        tensor = tf.convert_to_tensor(tensor)         # dense, as Horovod's sparse_as_dense
+    tensor = tf.convert_to_tensor(tensor)
+    if _get("allreduce")["size"] == 1:
+        return tf.identity(tensor)
+    summed = _collective(tensor, "allreduce", name or f"HorovodAllreduce_{tensor.op.name.replace('/', '_')}")
+    return summed / tf.cast(size(), summed.dtype) if op == Average else summed
+
+
+def allgather(tensor, name=None):
+    """Every rank's ``tensor`` concatenated along the first dimension, rank 0's first."""
+    import tensorflow as tf
+    tensor = tf.convert_to_tensor(tensor)
+    if _get("allgather")["size"] == 1:
+        return tf.identity(tensor)
+    return _collective(tensor, "allgather", name or f"HorovodAllgather_{tensor.op.name.replace('/', '_')}")
+
+
+def broadcast(tensor, root_rank, name=None):
+    """``root_rank``'s ``tensor`` on every rank."""
+    import tensorflow as tf
+    tensor = tf.convert_to_tensor(tensor)
+    if _get("broadcast")["size"] == 1:
+        return tf.identity(tensor)
+    return _collective(tensor, "broadcast", name or f"HorovodBroadcast_{tensor.op.name.replace('/', '_')}",
+                       root_rank)
+
+
+def broadcast_variables(variables, root_rank):
+    """One op that sets every variable of ``variables`` to ``root_rank``'s value."""
+    import tensorflow as tf
+    return tf.group(*[v.assign(broadcast(v.read_value() if hasattr(v, "read_value") else v, root_rank,
+                                         name=f"HorovodBroadcast_{v.op.name.replace('/', '_')}"))
+                      for v in variables])
+
+
+def broadcast_global_variables(root_rank):
+    """``broadcast_variables`` of every global variable (TF 1.x graphs)."""
+    import tensorflow as tf
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class Compression:
+    """Horovod's gradient compression: ``none``, or ``fp16`` (float32 gradients sent as float16)."""
+
+    class none:                 # noqa: N801 (Horovod's name)
+        """No compression."""
+
+        @staticmethod
+        def compress(tensor):
+            """``(tensor, None)``."""
+            return tensor, None
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            """``tensor``."""
+            return tensor
+
+    class fp16:                 # noqa: N801 (Horovod's name)
+        """float32 and float64 tensors sent as float16, half the bytes; cast back after the sum."""
+
+        @staticmethod
+        def compress(tensor):
+            """``(tensor as float16, its dtype)`` for a floating tensor, else as it is."""
+            import tensorflow as tf
+            if tensor.dtype.is_floating and tensor.dtype != tf.float16:
+                return tf.cast(tensor, tf.float16), tensor.dtype
+            return tensor, None
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            """``tensor`` back in its own dtype."""
+            import tensorflow as tf
+            return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
+def _optimizer_base():
+    import tensorflow as tf
+    return tf.compat.v1.train.Optimizer
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",  # noqa: N802
+                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0):
+    """Horovod's ``DistributedOptimizer``: ``optimizer`` whose gradients are all-reduced over the ranks first."""
+    if op == Adasum:
+        allreduce(0.0, op=Adasum)               # refused in one line
+    if backward_passes_per_step != 1 or gradient_predivide_factor != 1.0:
+        raise SpecError("hvd.DistributedOptimizer(backward_passes_per_step=..., gradient_predivide_factor=...) is "
+                        "not covered yet (docs/horovod.md)")
+    base = _optimizer_base()
+    if not isinstance(optimizer, base):
+        raise SpecError(f"hvd.DistributedOptimizer takes a tf.compat.v1.train optimizer here, not "
+                        f"{type(optimizer).__name__} (a Keras optimizer: horovod.tensorflow.keras is not covered "
+                        "yet; docs/horovod.md)")
+
+    class _DistributedOptimizer(base):
+        def compute_gradients(self, *args, **kwargs):
+            """The wrapped optimizer's gradients, all-reduced over every rank (averaged for ``op=Average``)."""
+            pairs = self._optimizer.compute_gradients(*args, **kwargs)
+            out = []
+            for g, v in pairs:
+                if g is not None:
+                    packed, ctx = compression.compress(g if not sparse_as_dense else _dense(g))
+                    g = compression.decompress(allreduce(packed, op=op,
+                                                         name=f"{self._name}_Allreduce_{v.op.name.replace('/', '_')}"),
+                                               ctx)
+                out.append((g, v))
+            return out
+
+        def apply_gradients(self, *args, **kwargs):
+            """The wrapped optimizer's."""
+            return self._optimizer.apply_gradients(*args, **kwargs)
+
+        def get_slot(self, *args, **kwargs):
+            """The wrapped optimizer's."""
+            return self._optimizer.get_slot(*args, **kwargs)
+
+        def get_slot_names(self, *args, **kwargs):
+            """The wrapped optimizer's."""
+            return self._optimizer.get_slot_names(*args, **kwargs)
+
+        def variables(self, *args, **kwargs):
+            """The wrapped optimizer's."""
+            return self._optimizer.variables(*args, **kwargs)
+
+    wrapped = _DistributedOptimizer(use_locking, name or f"Distributed{type(optimizer).__name__}")
+    wrapped._optimizer = optimizer
+    return wrapped
+
+
+def _dense(g):
+    import tensorflow as tf
+    return tf.convert_to_tensor(g)
+
+
+def _session_run_hook():
+    import tensorflow as tf
+    return tf.compat.v1.train.SessionRunHook
+
+
+class BroadcastGlobalVariablesHook:
+    """Horovod's hook: every global variable set to ``root_rank``'s at each session start (after a restore too)."""
+
+    def __new__(cls, root_rank, device=""):
+        base = _session_run_hook()
+
+        class _Hook(base):
+            def __init__(self):
+                self.root_rank, self.bcast_op = root_rank, None
+
+            def begin(self):
+                import tensorflow as tf
+                if self.bcast_op is None or self.bcast_op.graph is not tf.compat.v1.get_default_graph():
+                    self.bcast_op = broadcast_global_variables(self.root_rank)
+
+            def after_create_session(self, session, coord):
+                session.run(self.bcast_op)
+        _Hook.__name__ = _Hook.__qualname__ = "BroadcastGlobalVariablesHook"
+        return _Hook()
