@@ -35,12 +35,13 @@ def test_horovods_mnist_program_trains_one_model_on_two_workers_equal_to_one_pro
                           "--out", tmp_path / "cluster")
     assert code == 0, out[-4000:]
     for rank in (0, 1):
-        assert re.search(rf"^\[worker:{rank}\] rank {rank} of 2 \(local rank {rank}\): 20 steps$", out, re.M), \
+        assert re.search(rf"^\[worker:{rank}\] rank {rank} of 2 \(local rank {rank}, host 0 of 1\): 20 steps$", out,
+                         re.M), \
             out[-4000:]
     assert os.listdir(tmp_path / "cluster" / "checkpoints")         # rank 0 saved
     r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", PROGRAM, "--out", str(tmp_path / "one")],
                        capture_output=True, text=True, timeout=150, env=base_env())
-    assert r.returncode == 0 and "rank 0 of 1" in r.stdout, r.stderr[-3000:]
+    assert r.returncode == 0 and "rank 0 of 1 (local rank 0, host 0 of 1)" in r.stdout, r.stderr[-3000:]
     for a, b, c in zip(weights(tmp_path / "cluster", 0), weights(tmp_path / "cluster", 1),
                        weights(tmp_path / "one", 0)):
         np.testing.assert_array_equal(a, b)

@@ -55,4 +55,7 @@ with tf.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=hook
 weights = final.final_ops_values
 os.makedirs(args.out, exist_ok=True)
 np.savez(os.path.join(args.out, "weights-{}.npz".format(hvd.rank())), *weights)
-print("rank {} of {} (local rank {}): {} steps".format(hvd.rank(), hvd.size(), hvd.local_rank(), step), flush=True)
+print("rank {} of {} (local rank {}, host {} of {}): {} steps".format(hvd.rank(), hvd.size(), hvd.local_rank(),
+                                                                    hvd.cross_rank(), hvd.cross_size(), step),
+      flush=True)
+assert isinstance(hooks[0], hvd.BroadcastGlobalVariablesHook) and isinstance(hooks[0], tf.train.SessionRunHook)

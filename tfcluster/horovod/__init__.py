@@ -35,10 +35,11 @@ class _NotCovered(types.ModuleType):
 
 
 def modules() -> dict:
-    """``{name: module}`` of Horovod's names TF1 mode serves."""
+    """``{name: module}`` of Horovod's names TF1 mode serves (TensorFlow imported)."""
     package = types.ModuleType("horovod", "Horovod's API, served by tfcluster (docs/horovod.md).")
     api = types.ModuleType("horovod.tensorflow", tensorflow.__doc__)
     api.__dict__.update({name: getattr(tensorflow, name) for name in tensorflow.__all__})
+    api.BroadcastGlobalVariablesHook = tensorflow.hook_class()      # the class itself, for isinstance
     package.__path__, api.__path__ = [], []         # packages: their submodules import (or say they are not served)
     package.tensorflow = api
     served = {"horovod": package, "horovod.tensorflow": api}

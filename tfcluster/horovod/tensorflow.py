@@ -47,6 +47,8 @@ class _Ops:
 
 
 Average, Sum, Adasum = _Ops.Average, _Ops.Sum, _Ops.Adasum
+_ADASUM = ("hvd.Adasum is not covered: Horovod defines its numerics in its own C++ ops; use hvd.Average or hvd.Sum "
+           "(docs/horovod.md)")
 _state = {}
 
 
@@ -58,8 +60,9 @@ def init(comm=None, process_sets=None):
         raise SpecError("hvd.init(comm=..., process_sets=...) is not covered: tfcluster's ranks are TF_CONFIG's "
                         "trainers (docs/horovod.md)")
     cluster = Cluster.from_environment()
-    if cluster is None or cluster.task is None or cluster.num_replicas < 2:
-        _state.update(cluster=None, rank=0, size=1, local_rank=0, local_size=1)
+    # One process, one trainer, or a task that does not train (an evaluator): a rank of one.
+    if cluster is None or cluster.task is None or not cluster.task.trains or cluster.num_replicas < 2:
+        _state.update(cluster=None, rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1)
         return
     import tensorflow as tf
     trainers = cluster.trainers()
@@ -71,8 +74,10 @@ def init(comm=None, process_sets=None):
     serve_local_sessions(server, config)
     host = _host(cluster.address(me))
     here = [t for t in trainers if _host(cluster.address(t)) == host]
+    hosts = list(dict.fromkeys(_host(cluster.address(t)) for t in trainers))     # in rank order
     _state.update(cluster=cluster, rank=trainers.index(me), size=len(trainers), local_rank=here.index(me),
-                  local_size=len(here), device=f"/job:{me.job}/replica:0/task:{me.index}/device:CPU:0")
+                  local_size=len(here), cross_rank=hosts.index(host), cross_size=len(hosts),
+                  device=f"/job:{me.job}/replica:0/task:{me.index}/device:CPU:0")
 
 
 def _host(address: str) -> str:
@@ -116,14 +121,13 @@ def local_rank() -> int:
 
 
 def cross_size() -> int:
-    """How many hosts the ranks run on (ranks of one local rank, one per host)."""
-    state = _get("cross_size")
-    return state["size"] // state["local_size"] if state["size"] % state["local_size"] == 0 else 1
+    """How many hosts the ranks run on."""
+    return _get("cross_size")["cross_size"]
 
 
 def cross_rank() -> int:
-    """This host's index among the hosts (Horovod's cross rank)."""
-    return _get("cross_rank")["rank"] // _get("cross_rank")["local_size"]
+    """This host's index among the hosts, in rank order."""
+    return _get("cross_rank")["cross_rank"]
 
 
 def mpi_threads_supported() -> bool:
@@ -184,8 +188,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     import tensorflow as tf
     op = (Average if average in (None, True) else Sum) if op is None else op
     if op == Adasum:
-        raise SpecError("hvd.Adasum is not covered: Horovod defines its numerics in its own C++ ops; use hvd.Average "
-                        "or hvd.Sum (docs/horovod.md)")
+        raise SpecError(_ADASUM)
     if isinstance(tensor, tf.IndexedSlices):
         tensor = tf.convert_to_tensor(tensor)         # dense, as Horovod's sparse_as_dense
     tensor = tf.convert_to_tensor(tensor)
@@ -272,7 +275,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          op=Average, gradient_predivide_factor=1.0):
     """Horovod's ``DistributedOptimizer``: ``optimizer`` whose gradients are all-reduced over the ranks first."""
     if op == Adasum:
-        allreduce(0.0, op=Adasum)               # refused in one line
+        raise SpecError(_ADASUM)
     if backward_passes_per_step != 1 or gradient_predivide_factor != 1.0:
         raise SpecError("hvd.DistributedOptimizer(backward_passes_per_step=..., gradient_predivide_factor=...) is "
                         "not covered yet (docs/horovod.md)")
@@ -322,27 +325,33 @@ def _dense(g):
     return tf.convert_to_tensor(g)
 
 
-def _session_run_hook():
-    import tensorflow as tf
-    return tf.compat.v1.train.SessionRunHook
+_HOOK = []
 
 
-class BroadcastGlobalVariablesHook:
-    """Horovod's hook: every global variable set to ``root_rank``'s at each session start (after a restore too)."""
+def hook_class():
+    """Horovod's ``BroadcastGlobalVariablesHook`` class, a ``SessionRunHook`` (made once, when TF is imported)."""
+    if not _HOOK:
+        import tensorflow as tf
 
-    def __new__(cls, root_rank, device=""):
-        base = _session_run_hook()
+        class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+            """Every global variable set to ``root_rank``'s at each session start (after a restore too)."""
 
-        class _Hook(base):
-            def __init__(self):
-                self.root_rank, self.bcast_op = root_rank, None
+            def __init__(self, root_rank, device=""):
+                super().__init__()
+                self.root_rank, self.device, self.bcast_op = root_rank, device, None
 
             def begin(self):
-                import tensorflow as tf
+                """Build the broadcast in the graph being run (once per graph)."""
                 if self.bcast_op is None or self.bcast_op.graph is not tf.compat.v1.get_default_graph():
                     self.bcast_op = broadcast_global_variables(self.root_rank)
 
             def after_create_session(self, session, coord):
+                """Take the root's values, in every session (a restore or a recovery too)."""
                 session.run(self.bcast_op)
-        _Hook.__name__ = _Hook.__qualname__ = "BroadcastGlobalVariablesHook"
-        return _Hook()
+        _HOOK.append(BroadcastGlobalVariablesHook)
+    return _HOOK[0]
+
+
+def BroadcastGlobalVariablesHook(root_rank, device=""):  # noqa: N802 (Horovod's name; the class is hook_class())
+    """Horovod's hook: every global variable set to ``root_rank``'s at each session start (after a restore too)."""
+    return hook_class()(root_rank, device)
