@@ -135,23 +135,24 @@ class _ObjectLoader(importlib.abc.Loader):
 
 
 class _TF1Finder(importlib.abc.MetaPathFinder):
-    """Imports ``tensorflow.contrib...`` and ``tensorflow.examples...`` from TF1 mode's stand-ins."""
+    """Imports ``tensorflow.contrib``, ``.estimator``, ``.keras`` (and ``keras``), ``.examples`` and Horovod from TF1 mode."""
 
-    def __init__(self, roots, modules):
-        self.roots = roots
-        self.modules = modules
+    def __init__(self, tf, roots, modules):
+        self.tf, self.roots, self.modules = tf, roots, modules
 
     def find_spec(self, fullname, path=None, target=None):
         module = self.modules.get(fullname)
         parts = fullname.split(".")
         if module is None and estimator_paths.served(fullname):
-            module = estimator_paths.module(fullname, self.roots["estimator"])
+            module = estimator_paths.module(fullname, self.tf.estimator)
             if module is None:          # one of its own modules, loading: the installed package's
                 return None
         if module is None and slim.tf_slim_name(fullname):
             module = slim.import_module(fullname)
+        if module is None and parts[0] == "keras" and "keras" in self.roots:
+            parts = ["tensorflow"] + parts      # TF 1.x-era Keras 2 (import keras): tf-keras, as tf.keras
         if module is None and parts[0] == "tensorflow" and len(parts) > 1 and parts[1] in self.roots:
-            module = self.roots[parts[1]]
+            module = getattr(self.tf, parts[1])
             for part in parts[2:]:
                 module = getattr(module, part)  # an unmapped name raises TF1RemovedError here
             if not isinstance(module, types.ModuleType):
@@ -223,7 +224,9 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
     stand_in = TF1Module(real, v1, contrib, modules["tensorflow.examples"], estimator,
                          {"constant": overrides.constant, "train": overrides.train, "keras": overrides.keras,
                           "distribute": overrides.distribute})
-    sys.meta_path.insert(0, _TF1Finder({"contrib": contrib, "estimator": estimator}, modules))
+    # tensorflow.keras is TF1 mode's tf.keras (tf-keras's v1 API), as in TF 1.x; import keras too, where tf-keras is.
+    roots = ("contrib", "estimator") + (("keras",) if legacy_keras_available() else ())
+    sys.meta_path.insert(0, _TF1Finder(stand_in, roots, modules))
     sys.modules["tensorflow"] = stand_in
     sys.modules[estimator_paths.PACKAGE] = estimator_paths.top(estimator)
     for name in estimator_paths.PATCHES:
