@@ -4,9 +4,16 @@
   ``BroadcastGlobalVariablesHook(0)``, a ``MonitoredTrainingSession`` without a target, a GPU pinned by local
   rank, checkpoints on rank 0), on ``tfcluster local --tf1 --ps 0 --workers 2``: ranks 0 and 1 of 2, both copies
   the same bit for bit, and equal to one process on the global batch (``op=Average``: the mean of the ranks'
-  mean gradients is the global batch's);
-- a call before ``hvd.init()``, ``hvd.Adasum`` and the modules not served yet (``horovod.tensorflow.keras``,
-  ``hvd.elastic``) are one line each, exit 2;
+  mean gradients is the global batch's), also with ``backward_passes_per_step=2`` and
+  ``gradient_predivide_factor=2``; allgather of unequal lengths, alltoall with splits and a prescaled Sum
+  give what Horovod documents;
+- ``backward_passes_per_step=k`` sums k passes' gradients and applies them on the k-th, the global step (and
+  a Keras optimizer's ``iterations``) counting every pass;
+- Horovod's tensorflow_keras_mnist.py with its four callbacks, on 2 workers: one model, the warmup and
+  schedule rates Horovod's formulas give, each epoch's loss averaged over the ranks, and rank 0's checkpoint
+  loaded back by ``hvd.load_model`` with its optimizer wrapped again;
+- a call before ``hvd.init()``, ``hvd.Adasum``, ``hvd.elastic`` and bad optimizer arguments are one line
+  each, exit 2;
 - a program's ``visible_device_list`` gives way to the GPUs tfcluster gave the task.
 """
 
@@ -18,7 +25,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, base_env, run_local
+from conftest import REPO, base_env, no_process_left, run_cli, run_local
 
 PROGRAM = os.path.join(REPO, "tests", "programs", "horovod_mnist.py")
 
@@ -28,20 +35,29 @@ def weights(folder, rank):
         return [f[f"arr_{i}"] for i in range(len(f.files))]
 
 
+def one_process(out, *args):
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", PROGRAM, "--out", str(out), *args],
+                       capture_output=True, text=True, timeout=150, env=base_env())
+    assert r.returncode == 0 and "rank 0 of 1 (local rank 0, host 0 of 1)" in r.stdout, r.stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_horovods_mnist_program_trains_one_model_on_two_workers_equal_to_one_process_on_the_global_batch(tmp_path):
+@pytest.mark.parametrize("options", [[], ["--passes", "2", "--predivide", "2", "--collectives"]],
+                         ids=["average", "two-passes-predivided"])
+def test_horovods_mnist_program_trains_one_model_on_two_workers_equal_to_one_process_on_the_global_batch(
+        tmp_path, options):
     code, out = run_local(tmp_path, "--tf1", "--ps", "0", "--workers", "2", "--", sys.executable, PROGRAM,
-                          "--out", tmp_path / "cluster")
+                          "--out", tmp_path / "cluster", *options)
     assert code == 0, out[-4000:]
     for rank in (0, 1):
         assert re.search(rf"^\[worker:{rank}\] rank {rank} of 2 \(local rank {rank}, host 0 of 1\): 20 steps$", out,
                          re.M), \
             out[-4000:]
+        if "--collectives" in options:
+            assert f"[worker:{rank}] rank {rank}: collectives agree" in out, out[-4000:]
     assert os.listdir(tmp_path / "cluster" / "checkpoints")         # rank 0 saved
-    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", PROGRAM, "--out", str(tmp_path / "one")],
-                       capture_output=True, text=True, timeout=150, env=base_env())
-    assert r.returncode == 0 and "rank 0 of 1 (local rank 0, host 0 of 1)" in r.stdout, r.stderr[-3000:]
+    one_process(tmp_path / "one", *[o for o in options if o != "--collectives"])
     for a, b, c in zip(weights(tmp_path / "cluster", 0), weights(tmp_path / "cluster", 1),
                        weights(tmp_path / "one", 0)):
         np.testing.assert_array_equal(a, b)
@@ -49,16 +65,116 @@ def test_horovods_mnist_program_trains_one_model_on_two_workers_equal_to_one_pro
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
 
 
+AGGREGATION = """
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hk
+
+hvd.init()
+x = tf.placeholder(tf.float32, [])
+w = tf.Variable(10.0)
+step = tf.train.get_or_create_global_step()
+opt = hvd.DistributedOptimizer(tf.train.GradientDescentOptimizer(1.0), backward_passes_per_step=2)
+train = opt.minimize(w * x, global_step=step)
+with tf.Session() as s:
+    s.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+    for v in (1.0, 2.0, 3.0, 4.0):
+        s.run(train, {x: v})
+        print("train", s.run(w), s.run(step))
+
+model = tf.keras.Sequential([tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones", input_shape=(1,))])
+model.compile(loss="mae", optimizer=hk.DistributedOptimizer(tf.keras.optimizers.SGD(1.0), backward_passes_per_step=2,
+                                                           average_aggregated_gradients=True))
+model.fit(np.array([[1.0], [2.0], [3.0], [4.0]], "float32"), np.full((4, 1), -100.0, "float32"), batch_size=1,
+          shuffle=False, verbose=0)
+print("keras", model.get_weights()[0].item(), tf.keras.backend.get_value(model.optimizer.iterations))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_backward_passes_sum_k_gradients_and_apply_them_on_the_kth_pass_while_the_step_counts_every_pass(tmp_path):
+    script = tmp_path / "aggregation.py"
+    script.write_text(AGGREGATION)
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", str(script)], capture_output=True, text=True,
+                       timeout=150, env=base_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    # loss w * x, rate 1: passes 1 and 2 (x = 1, 2) apply -3 on the second; passes 3 and 4 apply -7.
+    assert re.findall(r"^train (\S+) (\d+)$", r.stdout, re.M) == [
+        ("10.0", "1"), ("7.0", "2"), ("7.0", "3"), ("0.0", "4")], r.stdout
+    # |w x + 100| by fit, one example a batch, averaged over the 2 passes: 1 - (1+2)/2 - (3+4)/2 = -4.
+    assert "keras -4.0 4" in r.stdout, r.stdout
+
+
+KERAS_PROGRAM = os.path.join(REPO, "tests", "programs", "horovod_keras.py")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_horovods_keras_program_with_its_callbacks_started_by_horovodrun_trains_one_model_on_two_workers(
+        tmp_path):
+    # Started as Horovod's users start it: tfcluster horovodrun -np 2 python train.py.
+    r = run_cli("horovodrun", "-np", "2", sys.executable, KERAS_PROGRAM, "--out", tmp_path / "out", timeout=240,
+                cwd=str(tmp_path))
+    out = r.stdout + r.stderr
+    assert no_process_left([int(m) for m in re.findall(r"started \(pid (\d+)\)", out)])
+    assert r.returncode == 0, out[-4000:]
+    assert out.startswith(f"[tfcluster] horovodrun is: tfcluster local --tf1 --ps 0 --workers 2 -- {sys.executable} "
+                          f"{KERAS_PROGRAM} --out {tmp_path / 'out'}\n"), out[:500]
+    for a, b in zip(weights(tmp_path / "out", 0), weights(tmp_path / "out", 1)):
+        np.testing.assert_array_equal(a, b)
+    epochs = {rank: re.findall(rf"^\[worker:{rank}\] rank {rank} epoch (\d): lr (\S+) loss (\S+)$", out, re.M)
+              for rank in (0, 1)}
+    # Each epoch's loss is the ranks' mean, the same on both (MetricAverageCallback), and so are the rates.
+    assert epochs[0] == epochs[1] and len(epochs[0]) == 4, out[-4000:]
+    # The rate 0.05 * size = 0.1, warmed up over 2 epochs from 0.1 / 2 (Horovod's formula at each epoch's last
+    # of its 16 batches: (e + 1) / 2 * (2 - 1) / 2 + 1, over 2), then halved from epoch 2 by the schedule.
+    assert [float(lr) for _, lr, _ in epochs[0]] == [0.075, 0.1, 0.05, 0.05], epochs[0]
+    assert "[worker:0] restored SGD (tfcluster.horovod.optimizers)" in out, out[-4000:]
+    assert (tmp_path / "out" / "checkpoint-4.h5").exists()
+
+
+NAMES = """
+import tensorflow as tf
+import keras
+from keras import backend as K
+from tensorflow.keras.models import Sequential
+import horovod.keras as hvd
+from horovod.tensorflow.keras.callbacks import MetricAverageCallback
+
+assert keras.layers.Dense is tf.keras.layers.Dense and Sequential is tf.keras.models.Sequential
+assert K.set_session is tf.keras.backend.set_session      # TF 1.x's tf.keras.backend, not TF 2's
+assert hvd.callbacks.MetricAverageCallback is MetricAverageCallback
+hvd.init()
+opt = hvd.DistributedOptimizer(keras.optimizers.Adadelta(1.0 * hvd.size()))
+assert type(opt).__name__ == "Adadelta" and isinstance(opt, keras.optimizers.Adadelta), type(opt).__mro__
+print("served")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_import_keras_and_tensorflow_keras_are_tf1_modes_tf_keras_and_horovod_keras_wraps_their_optimizers(tmp_path):
+    script = tmp_path / "names.py"
+    script.write_text(NAMES)
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", str(script)], capture_output=True, text=True,
+                       timeout=150, env=base_env())
+    assert r.returncode == 0 and "served" in r.stdout, r.stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("line, message", [
     ("hvd.size()", r"hvd\.size\(\) before hvd\.init\(\): call hvd\.init\(\) first"),
     ("hvd.init(); hvd.allreduce(tf.constant(1.0), op=hvd.Adasum)", r"hvd\.Adasum is not covered"),
-    ("import horovod.tensorflow.keras as hk; hk.init()",
-     r"horovod\.tensorflow\.keras\.init is not covered by tfcluster's Horovod yet"),
+    ("hvd.init(); hvd.DistributedOptimizer(tf.train.AdamOptimizer(), op=hvd.Sum, gradient_predivide_factor=2.0)",
+     r"hvd\.DistributedOptimizer\(gradient_predivide_factor=\.\.\.\) needs op=hvd\.Average"),
+    ("hvd.init(); hvd.DistributedOptimizer(tf.train.AdamOptimizer(), backward_passes_per_step=0)",
+     r"hvd\.DistributedOptimizer\(backward_passes_per_step=0\): give a whole number of passes, 1 or more"),
     ("hvd.elastic.run", r"horovod\.tensorflow\.elastic\.run is not covered by tfcluster's Horovod yet; use "
                         r"tfcluster local --max-restarts"),
-], ids=["before-init", "adasum", "keras", "elastic"])
+], ids=["before-init", "adasum", "predivide-sum", "no-passes", "elastic"])
 def test_what_is_not_served_is_one_line(tmp_path, line, message):
     script = tmp_path / "program.py"
     script.write_text(f"import tensorflow as tf\nimport horovod.tensorflow as hvd\n{line}\n")

@@ -51,7 +51,7 @@ LAYERS = [
                     ["estimator.training_graph", "estimator.export"],
                     ["estimator.estimator"], ["estimator.keras", "estimator.training", "estimator.canned"],
                     ["estimator"]]),
-     ("horovod", [["horovod.tensorflow"], ["horovod"]]),
+     ("horovod", [["horovod.tensorflow"], ["horovod.optimizers", "horovod.callbacks"], ["horovod.keras"], ["horovod"]]),
      ("keras", [["keras.step", "keras.checkpoints", "keras.towers", "keras.collective"], ["keras.session", "keras.graph"], ["keras.fit"], ["keras"]])],
     [("launch", [["launch.memory", "launch.forked"], ["launch.config", "launch.output", "launch.processes", "launch.result", "launch.task"],
                  ["launch.isolation", "launch.plan", "launch.restarts"], ["launch.supervisor"], ["launch"]])],
@@ -59,7 +59,7 @@ LAYERS = [
               ["tf1"],
               ["tf1.__main__"], ["tf1.forkserver"]]),
      ("tf2", [["tf2.strategies", "tf2.names", "tf2.servers", "tf2.faults", "tf2.preemption"], ["tf2.checkpoints", "tf2.keras3"], ["tf2"], ["tf2.__main__"]])],
-    [("cli", [["cli.common"], ["cli.start", "cli.local", "cli.spec", "cli.status"], ["cli"]])],
+    [("cli", [["cli.common"], ["cli.start", "cli.local", "cli.spec", "cli.status"], ["cli.horovodrun"], ["cli"]])],
     [("", [["__init__", "__main__"]])],
 ]
 #: module -> (layer, folder, room in its folder)

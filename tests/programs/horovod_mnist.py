@@ -7,7 +7,11 @@
 generated (no download); each rank steps on its own part of a global batch
 (``--global-batch`` rows, rank r the r-th slice), and the learning rate is not
 scaled by the size, so one process on the global batch takes the same steps.
-``--out DIR`` gets ``weights-<rank>.npz``.
+``--out DIR`` gets ``weights-<rank>.npz``. ``--passes``, ``--predivide`` and
+``--fp16`` give ``DistributedOptimizer`` Horovod's ``backward_passes_per_step``,
+``gradient_predivide_factor`` and ``Compression.fp16``; ``--collectives`` first
+checks allgather, alltoall and a prescaled allreduce against what Horovod
+documents, in a session of its own.
 """
 
 import argparse
@@ -21,9 +25,25 @@ p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--global-batch", type=int, default=32)
+p.add_argument("--passes", type=int, default=1)
+p.add_argument("--predivide", type=float, default=1.0)
+p.add_argument("--fp16", action="store_true")
+p.add_argument("--collectives", action="store_true")
 args = p.parse_args()
 
 hvd.init()
+if args.collectives:
+    r, n = hvd.rank(), hvd.size()
+    gathered = hvd.allgather(tf.fill([r + 1, 2], float(r)))          # rank r sends r + 1 rows
+    rows = tf.constant([[10.0 * r + j] for j in range(n) for _ in range(j + 1)])
+    received, counts = hvd.alltoall(rows, splits=[j + 1 for j in range(n)])     # j + 1 rows to rank j
+    total = hvd.allreduce(tf.constant(float(r + 1)), op=hvd.Sum, prescale_factor=2.0)
+    with tf.Session() as session:
+        g, out, c, t = session.run([gathered, received, counts, total])
+    assert g.tolist() == [[float(i)] * 2 for i in range(n) for _ in range(i + 1)], g
+    assert out.ravel().tolist() == [10.0 * i + r for i in range(n) for _ in range(r + 1)], out
+    assert c.tolist() == [r + 1] * n and t == n * (n + 1), (c, t)
+    print("rank {}: collectives agree".format(r), flush=True)
 rng = np.random.RandomState(0)
 x_all = rng.rand(2048, 64).astype("float32")
 y_all = (x_all.sum(axis=1) > 32).astype("int64")
@@ -36,7 +56,9 @@ logits = tf.layers.dense(hidden, 2, kernel_initializer=tf.glorot_uniform_initial
 loss = tf.losses.sparse_softmax_cross_entropy(label, logits)
 
 global_step = tf.train.get_or_create_global_step()
-opt = hvd.DistributedOptimizer(tf.train.GradientDescentOptimizer(0.1))
+opt = hvd.DistributedOptimizer(tf.train.GradientDescentOptimizer(0.1), backward_passes_per_step=args.passes,
+                               gradient_predivide_factor=args.predivide,
+                               compression=hvd.Compression.fp16 if args.fp16 else hvd.Compression.none)
 train_op = opt.minimize(loss, global_step=global_step)
 
 final = tf.train.FinalOpsHook(tf.trainable_variables())      # the weights at the end, for the test

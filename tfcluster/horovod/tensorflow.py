@@ -28,8 +28,8 @@ from ..topology.cluster import Cluster
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
            "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled",
-           "nccl_built", "Average", "Sum", "Adasum", "allreduce", "allgather", "broadcast", "broadcast_variables",
-           "broadcast_global_variables", "Compression", "DistributedOptimizer", "BroadcastGlobalVariablesHook"]
+           "nccl_built", "Average", "Sum", "Adasum", "allreduce", "allgather", "alltoall", "broadcast", "broadcast_variables",
+           "broadcast_global_variables", "Compression", "BroadcastGlobalVariablesHook"]
 
 #: TF's collective group of Horovod's ranks (tfcluster's collective strategy uses group 1).
 GROUP_KEY = 7
@@ -47,7 +47,8 @@ class _Ops:
 
 
 Average, Sum, Adasum = _Ops.Average, _Ops.Sum, _Ops.Adasum
-_ADASUM = ("hvd.Adasum is not covered: Horovod defines its numerics in its own C++ ops; use hvd.Average or hvd.Sum "
+#: Why hvd.Adasum is refused, in one line.
+ADASUM_REFUSED = ("hvd.Adasum is not covered: Horovod defines its numerics in its own C++ ops; use hvd.Average or hvd.Sum "
            "(docs/horovod.md)")
 _state = {}
 
@@ -85,10 +86,11 @@ def _host(address: str) -> str:
     return "localhost" if host in ("127.0.0.1", "localhost", socket.gethostname()) else host
 
 
-def _get(name):
+def _get(name, key=None):
+    """``key`` (default: ``name``) of this rank once :func:`init` ran; the call ``hvd.name()`` before it is one line."""
     if not _state:
         raise HorovodNotInitialized(f"hvd.{name}() before hvd.init(): call hvd.init() first (as Horovod requires)")
-    return _state
+    return _state[key or name]
 
 
 def shutdown():
@@ -102,32 +104,32 @@ def is_initialized() -> bool:
 
 def size() -> int:
     """How many ranks: TF_CONFIG's trainers (1 without a cluster)."""
-    return _get("size")["size"]
+    return _get("size")
 
 
 def rank() -> int:
     """This process's rank: its index among the trainers, the chief (else worker 0) first."""
-    return _get("rank")["rank"]
+    return _get("rank")
 
 
 def local_size() -> int:
     """How many ranks run on this host."""
-    return _get("local_size")["local_size"]
+    return _get("local_size")
 
 
 def local_rank() -> int:
     """This process's index among the ranks on its host."""
-    return _get("local_rank")["local_rank"]
+    return _get("local_rank")
 
 
 def cross_size() -> int:
     """How many hosts the ranks run on."""
-    return _get("cross_size")["cross_size"]
+    return _get("cross_size")
 
 
 def cross_rank() -> int:
     """This host's index among the hosts, in rank order."""
-    return _get("cross_rank")["cross_rank"]
+    return _get("cross_rank")
 
 
 def mpi_threads_supported() -> bool:
@@ -167,8 +169,7 @@ def _key(name: str) -> int:
 
 def _collective(tensor, kind: str, name: str, root_rank: int = 0):
     import tensorflow as tf
-    state = _get(kind)
-    n = state["size"]
+    state, n = _state, _get(kind, "size")
     scope = tf.compat.v1.get_default_graph().unique_name(name, mark_as_used=False)
     args = dict(group_size=tf.constant(n), group_key=tf.constant(GROUP_KEY), instance_key=tf.constant(_key(scope)),
                 communication_hint="auto", timeout_seconds=COLLECTIVE_TIMEOUT_SECS)
@@ -183,35 +184,73 @@ def _collective(tensor, kind: str, name: str, root_rank: int = 0):
         return tf.raw_ops.CollectiveBcastRecvV2(shape=tf.shape(tensor), T=tensor.dtype, **args)
 
 
-def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None, op=None, name=None):
-    """The sum over every rank of ``tensor`` (divided by the size for ``op=Average``, Horovod's default)."""
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """The sum over every rank of ``tensor`` (divided by the size for ``op=Average``, Horovod's default).
+
+    ``compression`` packs what is sent (``Compression.fp16``: half the bytes);
+    ``prescale_factor`` multiplies each rank's tensor before the sum and
+    ``postscale_factor`` the sum, as Horovod's.
+    """
     import tensorflow as tf
     op = (Average if average in (None, True) else Sum) if op is None else op
     if op == Adasum:
-        raise SpecError(_ADASUM)
+        raise SpecError(ADASUM_REFUSED)
     if isinstance(tensor, tf.IndexedSlices):
         tensor = tf.convert_to_tensor(tensor)         # dense, as Horovod's sparse_as_dense
     tensor = tf.convert_to_tensor(tensor)
-    if _get("allreduce")["size"] == 1:
-        return tf.identity(tensor)
-    summed = _collective(tensor, "allreduce", name or f"HorovodAllreduce_{tensor.op.name.replace('/', '_')}")
-    return summed / tf.cast(size(), summed.dtype) if op == Average else summed
+    n = _get("allreduce", "size")
+    name = name or f"HorovodAllreduce_{tensor.op.name.replace('/', '_')}"
+    if prescale_factor != 1.0:
+        tensor = tensor * tf.cast(prescale_factor, tensor.dtype)
+    packed, ctx = (compression or Compression.none).compress(tensor)
+    summed = (compression or Compression.none).decompress(
+        _collective(packed, "allreduce", name) if n > 1 else tf.identity(packed), ctx)
+    scale = postscale_factor / n if op == Average else postscale_factor
+    return summed * tf.cast(scale, summed.dtype) if scale != 1.0 else summed
 
 
 def allgather(tensor, name=None):
-    """Every rank's ``tensor`` concatenated along the first dimension, rank 0's first."""
+    """Every rank's ``tensor`` concatenated along the first dimension, rank 0's first (their lengths may differ)."""
     import tensorflow as tf
     tensor = tf.convert_to_tensor(tensor)
-    if _get("allgather")["size"] == 1:
+    n = _get("allgather", "size")
+    if n == 1:
         return tf.identity(tensor)
-    return _collective(tensor, "allgather", name or f"HorovodAllgather_{tensor.op.name.replace('/', '_')}")
+    name = name or f"HorovodAllgather_{tensor.op.name.replace('/', '_')}"
+    rows = _collective(tf.shape(tensor)[:1], "allgather", f"{name}_rows")       # each rank's length
+    # TF's gather takes equal shapes: each rank sends its rows padded to the longest, and the padding is cut.
+    longest = tf.reduce_max(rows)
+    padded = tf.pad(tensor, [[0, longest - tf.shape(tensor)[0]]] + [[0, 0]] * (tensor.shape.ndims - 1))
+    gathered = _collective(padded, "allgather", name)
+    return tf.concat([gathered[i * longest:i * longest + rows[i]] for i in range(n)], 0)
+
+
+def alltoall(tensor, splits=None, name=None):
+    """Rank r's ``splits[j]`` rows (an equal share without ``splits``) sent to rank j; each rank gets its rows from
+    every rank, concatenated in rank order (and the row counts received, when ``splits`` was given)."""
+    import tensorflow as tf
+    tensor = tf.convert_to_tensor(tensor)
+    n, me = _get("alltoall", "size"), _get("alltoall", "rank")
+    rows = tf.shape(tensor)[0]
+    sent = tf.cast(tf.convert_to_tensor(splits), tf.int32) if splits is not None else tf.fill([n], rows // n)
+    if n == 1:
+        return (tf.identity(tensor), sent) if splits is not None else tf.identity(tensor)
+    name = name or f"HorovodAlltoall_{tensor.op.name.replace('/', '_')}"
+    # Every rank's splits, then every rank's rows: TF has no all-to-all between CPU tasks, so each rank takes
+    # its part of an all-gather (n times the bytes of Horovod's; its programs send ids and small tables).
+    table = tf.reshape(allgather(tf.reshape(sent, [1, n]), name=f"{name}_splits"), [n, n])
+    gathered = allgather(tensor, name=name)
+    starts = tf.cumsum(tf.reduce_sum(table, 1), exclusive=True) + tf.cumsum(table, 1, exclusive=True)[:, me]
+    out = tf.concat([gathered[starts[i]:starts[i] + table[i, me]] for i in range(n)], 0)
+    return (out, table[:, me]) if splits is not None else out
 
 
 def broadcast(tensor, root_rank, name=None):
     """``root_rank``'s ``tensor`` on every rank."""
     import tensorflow as tf
     tensor = tf.convert_to_tensor(tensor)
-    if _get("broadcast")["size"] == 1:
+    if _get("broadcast", "size") == 1:
         return tf.identity(tensor)
     return _collective(tensor, "broadcast", name or f"HorovodBroadcast_{tensor.op.name.replace('/', '_')}",
                        root_rank)
@@ -263,66 +302,6 @@ class Compression:
             """``tensor`` back in its own dtype."""
             import tensorflow as tf
             return tensor if ctx is None else tf.cast(tensor, ctx)
-
-
-def _optimizer_base():
-    import tensorflow as tf
-    return tf.compat.v1.train.Optimizer
-
-
-def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",  # noqa: N802
-                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
-                         op=Average, gradient_predivide_factor=1.0):
-    """Horovod's ``DistributedOptimizer``: ``optimizer`` whose gradients are all-reduced over the ranks first."""
-    if op == Adasum:
-        raise SpecError(_ADASUM)
-    if backward_passes_per_step != 1 or gradient_predivide_factor != 1.0:
-        raise SpecError("hvd.DistributedOptimizer(backward_passes_per_step=..., gradient_predivide_factor=...) is "
-                        "not covered yet (docs/horovod.md)")
-    base = _optimizer_base()
-    if not isinstance(optimizer, base):
-        raise SpecError(f"hvd.DistributedOptimizer takes a tf.compat.v1.train optimizer here, not "
-                        f"{type(optimizer).__name__} (a Keras optimizer: horovod.tensorflow.keras is not covered "
-                        "yet; docs/horovod.md)")
-
-    class _DistributedOptimizer(base):
-        def compute_gradients(self, *args, **kwargs):
-            """The wrapped optimizer's gradients, all-reduced over every rank (averaged for ``op=Average``)."""
-            pairs = self._optimizer.compute_gradients(*args, **kwargs)
-            out = []
-            for g, v in pairs:
-                if g is not None:
-                    packed, ctx = compression.compress(g if not sparse_as_dense else _dense(g))
-                    g = compression.decompress(allreduce(packed, op=op,
-                                                         name=f"{self._name}_Allreduce_{v.op.name.replace('/', '_')}"),
-                                               ctx)
-                out.append((g, v))
-            return out
-
-        def apply_gradients(self, *args, **kwargs):
-            """The wrapped optimizer's."""
-            return self._optimizer.apply_gradients(*args, **kwargs)
-
-        def get_slot(self, *args, **kwargs):
-            """The wrapped optimizer's."""
-            return self._optimizer.get_slot(*args, **kwargs)
-
-        def get_slot_names(self, *args, **kwargs):
-            """The wrapped optimizer's."""
-            return self._optimizer.get_slot_names(*args, **kwargs)
-
-        def variables(self, *args, **kwargs):
-            """The wrapped optimizer's."""
-            return self._optimizer.variables(*args, **kwargs)
-
-    wrapped = _DistributedOptimizer(use_locking, name or f"Distributed{type(optimizer).__name__}")
-    wrapped._optimizer = optimizer
-    return wrapped
-
-
-def _dense(g):
-    import tensorflow as tf
-    return tf.convert_to_tensor(g)
 
 
 _HOOK = []
