@@ -31,7 +31,7 @@ def raw_env(**extra):
 
 
 #: The commands tfcluster has, as the README's Layout table names them.
-COMMANDS = ["local", "spec", "start", "status"]
+COMMANDS = ["horovodrun", "local", "spec", "start", "status"]
 
 
 def subcommands():
@@ -107,6 +107,15 @@ USER_ERRORS = [
      ["--ps", "'localhost:2222' is an address; here it takes a number of tasks", "start and status"]),
     ("a stray word before the command", "start --cluster {spec} --job ps --task 0 run.sh", {},
      ["'run.sh' is not an option, a script or python", "'--'"]),
+    # horovodrun's line: another host, or too few slots, names what to run instead.
+    ("horovodrun on another host", "horovodrun -np 2 -H server7:2 python train.py", {},
+     ["-H server7:2: server7 is another host", "tfcluster start --job worker --task I"]),
+    ("horovodrun with too few slots", "horovodrun -np 4 -H localhost:2 python train.py", {},
+     ["-np 4 needs 4 slots; -H localhost:2 has 2"]),
+    ("horovodrun with a hostfile", "horovodrun -np 2 --hostfile hosts python train.py", {},
+     ["--hostfile: tfcluster starts no process on other hosts"]),
+    ("horovodrun with MPI's options", "horovodrun -np 2 --mpi python train.py", {},
+     ["unrecognized arguments: --mpi"]),
 ]
 
 
@@ -137,8 +146,8 @@ def test_help_of_every_command_exits_0_and_shows_usage(command):
 
 def test_the_top_level_help_lists_every_command_with_its_summary():
     out = run_cli("--help").stdout
-    # One row per command: its name at the start of an indented line, then what it does.
-    listed = re.findall(r"^    (\w+) +\S", out, re.M)
+    # One row per command: its name at the start of an indented line, then what it does (below a long name).
+    listed = re.findall(r"^    (\w+)(?: +|\n {6,})\S", out, re.M)
     assert sorted(listed) == COMMANDS
 
 

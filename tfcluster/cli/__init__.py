@@ -1,6 +1,7 @@
 """``tfcluster``: the command line. It parses, calls the library, and prints.
 
-One module per command (``start``, ``local``, ``spec``, ``status``), each with
+One module per command (``start``, ``local``, ``spec``, ``status``,
+``horovodrun``), each with
 its options (``add_parser``) and what it does (``run``); :mod:`.common` holds
 what they share. The library's errors name its parameters; :func:`main` shows
 them under the command's own flags, as one line with the exit code of
@@ -16,12 +17,12 @@ from ..core.exits import EXIT_USAGE, from_signal, run_as_main
 from ..core.logs import setup_cli_logging
 from ..core.tfguard import INSTALL_HINT
 from ..core.version import __version__
-from . import local, spec, start, status
+from . import horovodrun, local, spec, start, status
 from .common import add_cluster_args, cluster_from_args, environment_defaults, split_command
 
 __all__ = ["main", "build_parser", "cluster_from_args", "add_cluster_args", "flag_names"]
 
-COMMANDS = (start, spec, local, status)
+COMMANDS = (start, spec, local, status, horovodrun)
 
 
 class _Parser(argparse.ArgumentParser):
