@@ -72,12 +72,21 @@ def _dump_at_end(strategy, path):
     from tfcluster.strategies import Hook
     tf1 = tf.compat.v1
 
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
     class Dump(Hook):
         def __init__(self, variables):
-            self.variables = {v.op.name: v for v in variables}
+            self.variables, self.after_first_step = {v.op.name: v for v in variables}, None
+
+        def after_run(self, run_context, run_values):
+            if self.after_first_step is None:
+                self.after_first_step = threads()
 
         def end(self, session):
             np.savez(path, **session.run(self.variables))
+            with open(path[:-len(".npz")] + "-threads.json", "w", encoding="utf-8") as f:
+                json.dump({"after_first_step": self.after_first_step, "at_end": threads()}, f)
 
     build = strategy.build
 
@@ -238,6 +247,16 @@ def test_after_collective_steps_every_worker_holds_identical_variables(collectiv
                                rtol=1e-5, atol=1e-6)
     for name in ("worker0", "worker1"):
         assert "all 2 workers hold identical variables" in collective_run.log(name)
+
+
+@pytest.mark.timeout(200)
+def test_a_collective_step_starts_no_thread_so_a_long_fast_run_keeps_its_thread_count(collective_run):
+    # TF's per-op collective timeout starts a thread that sleeps the whole timeout at every op
+    # (tensorflow/tensorflow#62466): two per step here, and at 400 steps/s a run ran out of threads in 20 s.
+    for worker in (0, 1):
+        with open(os.path.join(collective_run.out, f"worker{worker}-threads.json"), encoding="utf-8") as f:
+            counts = json.load(f)
+        assert counts["at_end"] - counts["after_first_step"] < STEPS, counts
 
 
 @pytest.mark.timeout(200)

@@ -21,7 +21,8 @@ How the pieces fit in graph mode:
 - Device filters stay at this task alone, as TensorFlow's own collective
   strategy sets them: collectives talk worker-to-worker outside the session
   master, so no session waits for a peer, and a slow or missing worker can
-  only stall the collectives, whose waits are bounded (``timeout_secs``).
+  only stall the collectives, whose waits are bounded (``timeout_secs``, the
+  step's own timeout: a per-op one costs a thread per op, see ``_all_reduce``).
 - Every worker initialises its own copy, then the weights (and optimizer
   state and global step) are broadcast from worker 0 with
   ``CollectiveBcastSendV2/RecvV2`` at each session start, so all copies start
@@ -80,7 +81,7 @@ class CollectiveAllReduceStrategy(Strategy):
 
     ``towers``: replicas inside each worker (see :class:`~.towers.Towers`;
     None: one replica on the worker's CPU). ``timeout_secs`` bounds every
-    collective of a training step; ``startup_timeout_secs`` bounds the first
+    training step (its all-reduce); ``startup_timeout_secs`` bounds the first
     one (waiting for the other workers to start). ``check_copies`` compares
     every worker's variables (by checksum) when training ends. ``wire``: the
     type the gradients are all-reduced in (float32 or bfloat16; default
@@ -247,8 +248,11 @@ class CollectiveAllReduceStrategy(Strategy):
             narrow = wire == "bfloat16" and dtype == tf.float32
             if narrow:
                 flat = tf.cast(flat, tf.bfloat16)
+            # No per-op timeout: TF starts a thread that sleeps the whole timeout at every such op
+            # (tensorflow/tensorflow#62466), thousands a second at fast steps, until the process can start no
+            # thread ("Resource temporarily unavailable"). The step's own timeout bounds it (_Guarded.attach).
             total = tf.raw_ops.CollectiveReduceV2(input=flat, ordering_token=[], merge_op="Add", final_op="Id",
-                                                  **self._collective_args(self.timeout_secs))
+                                                  **self._collective_args(0.0))
             if narrow:
                 total = tf.cast(total, tf.float32)
             parts = tf.split(total, [dense[i].shape.num_elements() for i in idx])
@@ -383,8 +387,8 @@ class _Guarded:
         return self.runner.step_options
 
     def attach(self, session, step_timeout_secs=None):
-        """Bind the wrapped runner to ``session``."""
-        self.runner.attach(session, step_timeout_secs)
+        """Bind the wrapped runner to ``session``, each step bounded by ``timeout_secs`` if nothing bounds it."""
+        self.runner.attach(session, step_timeout_secs or self.strategy.timeout_secs)
 
     def step(self, request=None):
         """One step; a failed or timed-out all-reduce raises CollectiveError."""
