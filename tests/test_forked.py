@@ -84,10 +84,13 @@ def test_two_tf1_workers_train_one_model_forked_from_one_server_or_each_on_its_o
 
 
 CRASHES_ONCE = r'''
-import json, os, signal, sys
+import json, os, signal, sys, time
 print("pid", os.getpid(), flush=True)
-if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1 and os.environ["TFCLUSTER_RESTART_COUNT"] == "0":
+first = os.environ["TFCLUSTER_RESTART_COUNT"] == "0"
+if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1 and first:
     os.kill(os.getpid(), signal.SIGKILL)
+if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0 and first and os.environ.get("WAIT_FOR_RESTART"):
+    time.sleep(60)      # still running when worker:1 dies: the trainers (no ps) restart together
 sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 '''
 
@@ -97,14 +100,15 @@ sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 def test_a_forked_task_killed_by_sigkill_is_forked_again_and_the_run_completes(tmp_path):
     (tmp_path / "crash.py").write_text(CRASHES_ONCE)
     code, out = run_local(tmp_path, "--tf1", "--ps", "0", "--workers", "2", "--max-restarts", "1",
-                          "--", "python", "crash.py", timeout=150)
+                          "--", "python", "crash.py", timeout=150, env=base_env(WAIT_FOR_RESTART=1))
     assert code == 0, out[-3000:]
     assert "worker:1 was killed by SIGKILL" in out, out[-3000:]
-    restarted = re.search(r"^\[tfcluster\] worker:1 restarted \(pid (\d+)\)", out, re.M)
-    assert restarted, out[-3000:]
-    pids = [int(p) for p in re.findall(r"^\[worker:1\] pid (\d+)$", out, re.M)]
-    assert len(pids) == 2 and pids[1] == int(restarted.group(1)), out[-3000:]
-    assert "done: 2 trainer(s) succeeded; restarts: worker:1 1" in out
+    for worker in (0, 1):           # no ps: an all-reduce group, restarted together
+        restarted = re.search(rf"^\[tfcluster\] worker:{worker} restarted \(pid (\d+)\)", out, re.M)
+        assert restarted, out[-3000:]
+        pids = [int(p) for p in re.findall(rf"^\[worker:{worker}\] pid (\d+)$", out, re.M)]
+        assert len(pids) == 2 and pids[1] == int(restarted.group(1)), out[-3000:]
+    assert "done: 2 trainer(s) succeeded; restarts: worker:0 1, worker:1 1" in out, out[-3000:]
 
 
 @pytest.mark.slow

@@ -107,8 +107,8 @@ def add_parser(sub):
     lo.add_argument("--timeout", type=float, metavar="S", help="stop everything after S seconds (exit 124)")
     lo.add_argument("--max-restarts", type=int, default=0, metavar="K",
                     help="restart a trainer or ps that crashes (non-zero exit or signal) up to K times, "
-                         "with the same TF_CONFIG and port (default 0); under --tf2 every trainer restarts "
-                         "together, an all-reduce group taking no new member")
+                         "with the same TF_CONFIG and port (default 0); with no ps (an all-reduce group, "
+                         "which takes no new member) or under --tf2, every trainer restarts together")
     lo.add_argument("--evaluator-grace", type=float, default=EVALUATOR_GRACE_SECS, metavar="S",
                     help="seconds the evaluator may run on after the trainers are done "
                          f"(default {EVALUATOR_GRACE_SECS:g})")

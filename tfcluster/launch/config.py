@@ -134,9 +134,12 @@ class LaunchConfig:
 
     @property
     def trainers_restart_together(self) -> bool:
-        """True when a crashed trainer restarts with every trainer: TF2 mode's trainers all-reduce as one group
-        (MultiWorkerMirroredStrategy), which takes no new member; TF 2's ParameterServerStrategy (a chief and ps
-        tasks) takes a worker back alone (docs/tf2.md, "Faults")."""
+        """True when a crashed trainer restarts with every trainer: trainers that all-reduce form one group, which
+        takes no new member (docs/tf2.md, "Faults"). Several trainers and no ps do (Horovod, TF 1.x's
+        MultiWorkerMirroredStrategy, tfcluster's collective strategy), and TF2 mode's trainers unless they have a
+        chief and ps tasks (TF 2's ParameterServerStrategy, which takes a worker back alone)."""
+        if self.ps == 0 and self.workers + int(self.chief) > 1:
+            return True
         # The command as tfcluster.tf2's tf2_command rewrote it (the launcher imports no mode).
         return "tfcluster.tf2" in self.command and not (self.chief and self.ps)
 

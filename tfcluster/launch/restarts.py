@@ -1,9 +1,10 @@
 """Restarts: a task that crashed starts again on its port, alone or with every trainer of its all-reduce group.
 
 ``--max-restarts K`` restarts a crashed task up to K times with the same
-TF_CONFIG and port. A trainer of TF2 mode's ``MultiWorkerMirroredStrategy``
-cannot come back alone: the group is fixed when it is made, and one new
-member would fail the others in turn. There every trainer restarts with it
+TF_CONFIG and port. A trainer of an all-reduce group (Horovod, a
+``MultiWorkerMirroredStrategy``, tfcluster's collective strategy: several
+trainers, no ps) cannot come back alone: the group is fixed when it is made,
+and one new member would fail the others in turn. There every trainer restarts with it
 (:attr:`~tfcluster.launch.config.LaunchConfig.trainers_restart_together`; docs/tf2.md, "Faults").
 """
 
@@ -44,7 +45,7 @@ class Restarts:
         """The trainer ``p`` crashed (``why``): stop the trainers still running, then start every trainer again."""
         trainers = [q for q in self.group.procs if q.is_trainer]
         log.warning("%s %s; its all-reduce group cannot take it back alone, so every trainer restarts (restart %d "
-                    "of %d, same TF_CONFIG and ports; Keras's BackupAndRestore resumes from its backup)",
+                    "of %d, same TF_CONFIG and ports; they resume from the chief's checkpoint or Keras's backup)",
                     p.name, why, p.restarts + 1, self.config.max_restarts)
         running = [q for q in trainers if q.running]
         if running:
