@@ -12,6 +12,10 @@
 - Horovod's tensorflow_keras_mnist.py with its four callbacks, on 2 workers: one model, the warmup and
   schedule rates Horovod's formulas give, each epoch's loss averaged over the ranks, and rank 0's checkpoint
   loaded back by ``hvd.load_model`` with its optimizer wrapped again;
+- faults: a killed rank ends the run within a second, named in one line (its peer's collective fails at
+  once); under ``--max-restarts`` every rank restarts together from rank 0's checkpoint, rank 1 taking it by
+  the broadcast, and the copies end identical; a step's collectives start no thread (TF's per-op timeout
+  started two, each sleeping 300 s, and a fast program ran out of threads within a minute);
 - a call before ``hvd.init()``, ``hvd.Adasum``, ``hvd.elastic`` and bad optimizer arguments are one line
   each, exit 2;
 - a program's ``visible_device_list`` gives way to the GPUs tfcluster gave the task.
@@ -19,13 +23,16 @@
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from conftest import REPO, base_env, no_process_left, run_cli, run_local
+from conftest import REPO, TFCLUSTER, base_env, no_process_left, run_cli, run_local
+from jobs.stream import Stream
 
 PROGRAM = os.path.join(REPO, "tests", "programs", "horovod_mnist.py")
 
@@ -63,6 +70,56 @@ def test_horovods_mnist_program_trains_one_model_on_two_workers_equal_to_one_pro
         np.testing.assert_array_equal(a, b)
         # The same sums in another order (two halves' means averaged, against one mean): float32 rounding.
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+
+
+def started_pid(run, task):
+    return int(run.wait_for(rf"^\[tfcluster\] {task} (?:started|restarted) \(pid (\d+)\)", 1)[1].group(1))
+
+
+@pytest.mark.slow
+@pytest.mark.serial         # seconds from a kill are measured
+@pytest.mark.timeout(300)
+def test_a_killed_rank_ends_the_run_at_once_and_max_restarts_resumes_every_rank_from_rank_0s_checkpoint(
+        procs, tmp_path, reliability):
+    def launch(*options, out):
+        return Stream(procs.start(TFCLUSTER + ["local", "--tf1", "--ps", "0", "--workers", "2", *options,
+                                               "--log-dir", str(tmp_path / out / "logs"), "--", "python", PROGRAM,
+                                               "--out", str(tmp_path / out), "--steps", "6000", "--save-steps", "500",
+                                               "--print-every", "250"], cwd=str(tmp_path)), f"horovod {out}")
+    # No restarts: the run ends, naming the rank, while its peer would wait in an all-reduce.
+    run = launch(out="once")
+    run.wait_for(r"^\[worker:1\] rank 1 step 1000$", 150)
+    t_kill = time.monotonic()
+    os.kill(started_pid(run, "worker:1"), signal.SIGKILL)
+    assert run.finish(timeout=60) == 128 + signal.SIGKILL, run.tail()
+    t_end = run.lines[-1][0]
+    assert run.matches(r"^\[tfcluster\] error: worker:1 was killed by SIGKILL")
+    reliability("Horovod: seconds from a rank's kill to the launcher's exit", t_end - t_kill, "s")
+    assert t_end - t_kill < 15, run.tail()
+
+    # --max-restarts: both ranks start again at rank 0's last checkpoint (rank 1 by the broadcast).
+    run = launch("--max-restarts", "1", out="restarts")
+    run.wait_for(r"^\[worker:1\] rank 1 step (\d+)$", 150, check=lambda m: int(m.group(1)) >= 1750)
+    t_kill = time.monotonic()
+    os.kill(started_pid(run, "worker:1"), signal.SIGKILL)
+    t_restart, _ = run.wait_for(r"worker:1 was killed by SIGKILL; its all-reduce group cannot take it back alone, "
+                                r"so every trainer restarts", 30, after=t_kill)
+    assert run.finish(timeout=150) == 0, run.tail()
+    starts = {rank: [int(m.group(1)) for _, m in run.matches(rf"^\[worker:{rank}\] rank {rank} starts at global "
+                                                             r"step (\d+)$")]
+              for rank in (0, 1)}
+    assert starts[0] == starts[1] and starts[0][0] == 0 and 1500 <= starts[0][1] <= 6000, starts
+    killed_at = max(int(m.group(1)) for _, m in run.matches(r"^\[worker:1\] rank 1 step (\d+)$", before=t_kill))
+    reliability("Horovod --max-restarts: seconds from a rank's kill to every rank restarting", t_restart - t_kill,
+                "s")
+    reliability("Horovod --max-restarts: steps lost (the kill's step less the checkpoint resumed)",
+                max(0, killed_at - starts[0][1]), "steps")
+    for a, b in zip(weights(tmp_path / "restarts", 0), weights(tmp_path / "restarts", 1)):
+        np.testing.assert_array_equal(a, b)
+    for rank in (0, 1):
+        first, last = (int(x) for x in run.wait_for(rf"^\[worker:{rank}\] rank {rank}: (\d+) threads after the "
+                                                     r"first step, (\d+) at the end$", 1)[1].groups())
+        assert last - first < 50, (first, last)       # thousands when each collective started a thread
 
 
 AGGREGATION = """

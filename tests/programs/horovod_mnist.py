@@ -7,7 +7,9 @@
 generated (no download); each rank steps on its own part of a global batch
 (``--global-batch`` rows, rank r the r-th slice), and the learning rate is not
 scaled by the size, so one process on the global batch takes the same steps.
-``--out DIR`` gets ``weights-<rank>.npz``. ``--passes``, ``--predivide`` and
+``--out DIR`` gets ``weights-<rank>.npz``; each rank says the global step it
+starts at, every ``--print-every`` steps, and its thread count after the first
+step and at the end; ``--save-steps`` sets rank 0's checkpoint interval. ``--passes``, ``--predivide`` and
 ``--fp16`` give ``DistributedOptimizer`` Horovod's ``backward_passes_per_step``,
 ``gradient_predivide_factor`` and ``Compression.fp16``; ``--collectives`` first
 checks allgather, alltoall and a prescaled allreduce against what Horovod
@@ -29,6 +31,8 @@ p.add_argument("--passes", type=int, default=1)
 p.add_argument("--predivide", type=float, default=1.0)
 p.add_argument("--fp16", action="store_true")
 p.add_argument("--collectives", action="store_true")
+p.add_argument("--save-steps", type=int, default=None, help="rank 0's checkpoint every N steps")
+p.add_argument("--print-every", type=int, default=0, help="say each N-th step")
 args = p.parse_args()
 
 hvd.init()
@@ -62,22 +66,38 @@ opt = hvd.DistributedOptimizer(tf.train.GradientDescentOptimizer(0.1), backward_
 train_op = opt.minimize(loss, global_step=global_step)
 
 final = tf.train.FinalOpsHook(tf.trainable_variables())      # the weights at the end, for the test
-hooks = [hvd.BroadcastGlobalVariablesHook(0), tf.train.StopAtStepHook(last_step=args.steps), final]
+
+
+class SayStart(tf.train.SessionRunHook):
+    """Say the global step each session starts at (after the broadcast: rank 0's restored one)."""
+
+    def after_create_session(self, session, coord):
+        print("rank {} starts at global step {}".format(hvd.rank(), session.run(global_step)), flush=True)
+
+
+hooks = [hvd.BroadcastGlobalVariablesHook(0), tf.train.StopAtStepHook(last_step=args.steps), final, SayStart()]
 checkpoint_dir = os.path.join(args.out, "checkpoints") if hvd.rank() == 0 else None
 config = tf.ConfigProto()
 config.gpu_options.allow_growth = True
 config.gpu_options.visible_device_list = str(hvd.local_rank())
 
 step = 0
-with tf.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=hooks, config=config) as mon_sess:
+with tf.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=hooks, config=config,
+                                       save_checkpoint_steps=args.save_steps) as mon_sess:
     while not mon_sess.should_stop():
         lo = (step * args.global_batch) % len(x_all) + hvd.rank() * batch
         mon_sess.run(train_op, feed_dict={image: x_all[lo:lo + batch], label: y_all[lo:lo + batch]})
         step += 1
+        if step == 1:
+            threads = len(os.listdir("/proc/self/task"))
+        if args.print_every and step % args.print_every == 0:
+            print("rank {} step {}".format(hvd.rank(), step), flush=True)
 weights = final.final_ops_values
 os.makedirs(args.out, exist_ok=True)
 np.savez(os.path.join(args.out, "weights-{}.npz".format(hvd.rank())), *weights)
 print("rank {} of {} (local rank {}, host {} of {}): {} steps".format(hvd.rank(), hvd.size(), hvd.local_rank(),
                                                                     hvd.cross_rank(), hvd.cross_size(), step),
       flush=True)
+print("rank {}: {} threads after the first step, {} at the end".format(
+    hvd.rank(), threads, len(os.listdir("/proc/self/task"))), flush=True)
 assert isinstance(hooks[0], hvd.BroadcastGlobalVariablesHook) and isinstance(hooks[0], tf.train.SessionRunHook)

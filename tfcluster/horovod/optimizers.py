@@ -1,10 +1,10 @@
 """Horovod's ``DistributedOptimizer``: a ``tf.train`` or tf-keras optimizer whose gradients are all-reduced first.
 
-Both kinds share one rule (:func:`reduce_gradients`): each gradient is
-divided by ``gradient_predivide_factor``, packed by ``compression``, summed
-over the ranks by :func:`.tensorflow.allreduce` under a name taken from its
-variable (ranks match collectives by name), and scaled to the mean for
-``op=Average``. With ``backward_passes_per_step=k`` (:class:`Aggregation`)
+Both kinds share one rule (:func:`reduce_gradients`): the gradients are
+packed by ``compression``, concatenated by dtype, divided by
+``gradient_predivide_factor``, summed over the ranks by one
+:func:`.tensorflow.allreduce` per dtype (ranks match collectives by name),
+and scaled to the mean for ``op=Average``. With ``backward_passes_per_step=k`` (:class:`Aggregation`)
 each rank sums its gradients over k passes and the sum is all-reduced and
 applied on the k-th; the global step (and a Keras optimizer's ``iterations``)
 still counts every pass, as Horovod's ``LocalGradientAggregationHelper`` does.
@@ -28,19 +28,28 @@ def _check(op, backward_passes_per_step, gradient_predivide_factor):
         raise SpecError("hvd.DistributedOptimizer(gradient_predivide_factor=...) needs op=hvd.Average (as Horovod's)")
 
 
-def reduce_gradients(grads, variables, prefix, op=hvd.Average, compression=hvd.Compression.none,
-                     sparse_as_dense=False, gradient_predivide_factor=1.0):
-    """``grads`` (None where a variable has none) all-reduced over the ranks, one collective named per variable."""
-    out = []
-    for g, v in zip(grads, variables):
+def reduce_gradients(grads, prefix, op=hvd.Average, compression=hvd.Compression.none, gradient_predivide_factor=1.0):
+    """``grads`` (None where a variable has none) all-reduced over the ranks: one collective per dtype.
+
+    Horovod fuses a step's gradients into few buffers (its Tensor Fusion);
+    here each dtype's (packed) gradients are concatenated into one all-reduce,
+    which TF sums element by element as it would each apart (the same numbers).
+    An ``IndexedSlices`` is all-reduced dense, ``sparse_as_dense`` or not.
+    """
+    packed, by_dtype = {}, {}
+    for i, g in enumerate(grads):
         if g is not None:
-            if sparse_as_dense and isinstance(g, tf.IndexedSlices):
-                g = tf.convert_to_tensor(g)
-            # Horovod's predivide: 1/f before the sum, f/size after (the mean, summed in smaller numbers).
-            g = hvd.allreduce(g, op=op, compression=compression, prescale_factor=1.0 / gradient_predivide_factor,
-                              postscale_factor=gradient_predivide_factor,
-                              name=f"{prefix}_Allreduce_{v.op.name.replace('/', '_')}")
-        out.append(g)
+            packed[i] = compression.compress(tf.convert_to_tensor(g))
+            by_dtype.setdefault(packed[i][0].dtype, []).append(i)
+    out = list(grads)
+    for dtype, idx in sorted(by_dtype.items(), key=lambda item: item[0].name):
+        flat = tf.concat([tf.reshape(packed[i][0], [-1]) for i in idx], 0)
+        # Horovod's predivide: 1/f before the sum, f/size after (the mean, summed in smaller numbers).
+        total = hvd.allreduce(flat, op=op, prescale_factor=1.0 / gradient_predivide_factor,
+                              postscale_factor=gradient_predivide_factor, name=f"{prefix}_Allreduce_{dtype.name}")
+        parts = tf.split(total, tf.stack([tf.size(packed[i][0]) for i in idx]))
+        for i, part in zip(idx, parts):
+            out[i] = compression.decompress(tf.reshape(part, tf.shape(packed[i][0])), packed[i][1])
     return out
 
 
@@ -50,8 +59,8 @@ class Aggregation:
     def __init__(self, passes: int, name: str, track=None):
         self.passes, self.name, self.track, self.counter, self.last = passes, name, track, None, None
 
-    def gradients(self, grads, variables, reduce):
-        """This pass's gradients added to the sums; on the k-th pass ``reduce(sums, variables)``, else the sums."""
+    def gradients(self, grads, reduce):
+        """This pass's gradients added to the sums; on the k-th pass ``reduce(sums)``, else the sums."""
         present = [i for i, g in enumerate(grads) if g is not None]
         with tf.compat.v1.variable_scope(f"{self.name}_aggregation", reuse=tf.compat.v1.AUTO_REUSE):
             self.counter = tf.compat.v1.get_variable("passes", shape=(), dtype=tf.int32, trainable=False,
@@ -72,8 +81,7 @@ class Aggregation:
 
         def reduced():
             with tf.control_dependencies([self.counter.assign(0)]):
-                return [tf.identity(g) for g in reduce([s.read_value() for s in sums],
-                                                       [variables[i] for i in present])]
+                return [tf.identity(g) for g in reduce([s.read_value() for s in sums])]
         with tf.control_dependencies(added):
             values = tf.cond(last, reduced, lambda: [tf.identity(s) for s in added])
         values = values if isinstance(values, (list, tuple)) else [values]
@@ -101,8 +109,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     it; a tf-keras optimizer a subclass of its own class (:func:`keras_optimizer`).
     """
     _check(op, backward_passes_per_step, gradient_predivide_factor)
-    settings = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
-                    gradient_predivide_factor=gradient_predivide_factor)
+    # sparse_as_dense is taken and has nothing to change: every gradient is all-reduced dense here.
+    settings = dict(op=op, compression=compression, gradient_predivide_factor=gradient_predivide_factor)
     if hasattr(optimizer, "get_gradients") and hasattr(optimizer, "get_config"):
         return keras_optimizer(optimizer, name, backward_passes_per_step, average_aggregated_gradients, settings)
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
@@ -119,8 +127,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
 class _TrainOptimizer(tf.compat.v1.train.Optimizer):
     """A ``tf.train`` optimizer whose ``compute_gradients`` are all-reduced over the ranks."""
 
-    def _reduce(self, grads, variables):
-        grads = reduce_gradients(grads, variables, self._name, **self._settings)
+    def _reduce(self, grads):
+        grads = reduce_gradients(grads, self._name, **self._settings)
         return [g / self._divisor if g is not None and self._divisor != 1 else g for g in grads]
 
     def compute_gradients(self, *args, **kwargs):
@@ -128,8 +136,8 @@ class _TrainOptimizer(tf.compat.v1.train.Optimizer):
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if self._aggregation is None:
-            return list(zip(self._reduce(grads, variables), variables))
-        return list(zip(self._aggregation.gradients(grads, variables, self._reduce), variables))
+            return list(zip(self._reduce(grads), variables))
+        return list(zip(self._aggregation.gradients(grads, self._reduce), variables))
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         """The wrapped optimizer's; with ``backward_passes_per_step=k``, on every k-th pass (the step counts each)."""
@@ -168,15 +176,15 @@ def keras_optimizer(optimizer, name, passes, average_aggregated_gradients, setti
     prefix = name or f"Distributed{base.__name__}"
     divisor = passes if average_aggregated_gradients else 1
 
-    def reduce(grads, variables):
-        grads = reduce_gradients(grads, variables, prefix, **settings)
+    def reduce(grads):
+        grads = reduce_gradients(grads, prefix, **settings)
         return [g / divisor if g is not None and divisor != 1 else g for g in grads]
 
     def get_gradients(self, loss, params):
         grads = base.get_gradients(self, loss, params)
         if self._hvd_aggregation is None:
-            return reduce(grads, params)
-        return self._hvd_aggregation.gradients(grads, params, reduce)
+            return reduce(grads)
+        return self._hvd_aggregation.gradients(grads, reduce)
 
     def get_updates(self, loss, params):
         grads = self.get_gradients(loss, params)

@@ -33,7 +33,8 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "
 
 #: TF's collective group of Horovod's ranks (tfcluster's collective strategy uses group 1).
 GROUP_KEY = 7
-#: Seconds one collective waits for the other ranks (the first one waits for them to start).
+#: Seconds a broadcast waits for the other ranks (the first waits for them to start), and any one run of a
+#: session hvd.init() serves may last: a rank that stops answering without dying is found then.
 COLLECTIVE_TIMEOUT_SECS = 300.0
 
 
@@ -71,6 +72,9 @@ def init(comm=None, process_sets=None):
     leader = f"/job:{trainers[0].job}/replica:0/task:{trainers[0].index}"
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True, device_filters=[me.device])
     config.experimental.collective_group_leader = leader
+    # The runs' own bound, not the ops': TF starts a thread per collective op that has a timeout, sleeping the
+    # whole timeout (tensorflow/tensorflow#62466), and ran a fast program out of threads in seconds.
+    config.operation_timeout_in_ms = int(COLLECTIVE_TIMEOUT_SECS * 1000)
     server = task_server(cluster, config=config)
     serve_local_sessions(server, config)
     host = _host(cluster.address(me))
@@ -171,8 +175,11 @@ def _collective(tensor, kind: str, name: str, root_rank: int = 0):
     import tensorflow as tf
     state, n = _state, _get(kind, "size")
     scope = tf.compat.v1.get_default_graph().unique_name(name, mark_as_used=False)
+    # A broadcast runs once (at the start, where its bound names the ranks that never came); ops of every step
+    # have no timeout of their own (see init): a rank that dies fails them at once, one that hangs ends the run.
+    timeout = COLLECTIVE_TIMEOUT_SECS if kind == "broadcast" else 0.0
     args = dict(group_size=tf.constant(n), group_key=tf.constant(GROUP_KEY), instance_key=tf.constant(_key(scope)),
-                communication_hint="auto", timeout_seconds=COLLECTIVE_TIMEOUT_SECS)
+                communication_hint="auto", timeout_seconds=timeout)
     with tf.compat.v1.name_scope(name), tf.device(state["device"]):
         if kind == "allreduce":
             return tf.raw_ops.CollectiveReduceV2(input=tensor, ordering_token=[], merge_op="Add", final_op="Id",
