@@ -12,6 +12,8 @@
 - Horovod's tensorflow_keras_mnist.py with its four callbacks, on 2 workers: one model, the warmup and
   schedule rates Horovod's formulas give, each epoch's loss averaged over the ranks, and rank 0's checkpoint
   loaded back by ``hvd.load_model`` with its optimizer wrapped again;
+- Horovod's tensorflow_mnist_estimator.py on 2 workers: each rank's Estimator trains alone (``hvd.init()``
+  takes TF_CONFIG's cluster for the ranks, as horovodrun sets none), the copies the same, rank 0 saving;
 - faults: a killed rank ends the run within a second, named in one line (its peer's collective fails at
   once); under ``--max-restarts`` every rank restarts together from rank 0's checkpoint, rank 1 taking it by
   the broadcast, and the copies end identical; a step's collectives start no thread (TF's per-op timeout
@@ -162,6 +164,23 @@ def test_backward_passes_sum_k_gradients_and_apply_them_on_the_kth_pass_while_th
         ("10.0", "1"), ("7.0", "2"), ("7.0", "3"), ("0.0", "4")], r.stdout
     # |w x + 100| by fit, one example a batch, averaged over the 2 passes: 1 - (1+2)/2 - (3+4)/2 = -4.
     assert "keras -4.0 4" in r.stdout, r.stdout
+
+
+ESTIMATOR_PROGRAM = os.path.join(REPO, "tests", "programs", "horovod_estimator.py")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_horovods_estimator_program_trains_one_model_on_two_workers_each_an_estimator_of_its_own(tmp_path):
+    code, out = run_local(tmp_path, "--tf1", "--ps", "0", "--workers", "2", "--", sys.executable,
+                          ESTIMATOR_PROGRAM, "--model-dir", tmp_path / "model")
+    assert code == 0, out[-4000:]
+    said = {int(m.group(1)): m.groups()[1:] for m in re.finditer(
+        r"^\[worker:\d\] rank (\d): accuracy (\S+) at global step (\d+), weights (\S+)$", out, re.M)}
+    # Each rank's Estimator trains alone, as under horovodrun (hvd.init() took TF_CONFIG's cluster for its ranks):
+    # 400 // 2 steps each, the same copy (Horovod's all-reduce), rank 0 the only one writing --model-dir.
+    assert set(said) == {0, 1} and said[0] == said[1] and said[0][1] == "200", out[-4000:]
+    assert any(f.startswith("model.ckpt-200") for f in os.listdir(tmp_path / "model"))
 
 
 KERAS_PROGRAM = os.path.join(REPO, "tests", "programs", "horovod_keras.py")

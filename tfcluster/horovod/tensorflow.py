@@ -19,6 +19,7 @@ a rank that builds an op the others do not (rank 0's summaries) does not shift
 the rest. docs/horovod.md lists what is served and what is refused.
 """
 
+import os
 import socket
 import zlib
 
@@ -83,6 +84,9 @@ def init(comm=None, process_sets=None):
     _state.update(cluster=cluster, rank=trainers.index(me), size=len(trainers), local_rank=here.index(me),
                   local_size=len(here), cross_rank=hosts.index(host), cross_size=len(hosts),
                   device=f"/job:{me.job}/replica:0/task:{me.index}/device:CPU:0")
+    # The cluster is Horovod's from here: the program's Estimator and tf.keras train one rank's copy, as under
+    # horovodrun (which sets no TF_CONFIG), instead of joining TF_CONFIG's cluster as between-graph workers.
+    os.environ.pop("TF_CONFIG", None)
 
 
 def _host(address: str) -> str:
