@@ -32,6 +32,7 @@ from tfcluster.topology.slurm import expand_hostlist
 pytestmark = pytest.mark.slow
 
 FIT_JOB = [sys.executable, os.path.join(REPO, "tests", "jobs", "fit_job.py")]
+HOROVOD_MNIST = os.path.join(REPO, "tests", "programs", "horovod_mnist.py")
 SBATCH_SCRIPT = os.path.join(REPO, "examples", "slurm", "train.sbatch")
 #: Each task says where Slurm put it, runs its command, and says how that ended.
 TASK_WRAPPER = ['bash', '-c', 'echo "slurm-task $SLURM_PROCID on $SLURMD_NODENAME of $SLURM_STEP_NODELIST '
@@ -124,6 +125,31 @@ def test_srun_trains_a_fit_job_across_three_nodes_to_its_step_target_and_every_t
         per_node.setdefault(layout[r][1], []).append(layout[r][0])
     reliability("srun -N 3 -n 4: tasks per node", "; ".join(f"{n}: {' '.join(t)}" for n, t in per_node.items()))
     reliability("srun -N 3 -n 4: global step reached (target)", f"{reached} ({steps})")
+    assert_nothing_left(slurm_hosts)
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(240)
+def test_srun_runs_a_horovod_program_as_ranks_of_two_hosts_with_local_and_cross_ranks_and_one_model(
+        slurm_hosts, procs, tmp_path, reliability):
+    import numpy as np
+    out = tmp_path / "out"
+    # Slurm starts the ranks, as mpirun did for Horovod: h0 gets two, h1 one.
+    job = srun(slurm_hosts, procs, ["-N", "2", "-n", "3"],
+               TFCLUSTER + ["start", "--slurm", "--slurm-ps", "0", "--tf1", "--", sys.executable, HOROVOD_MNIST,
+                            "--out", str(out)])
+    code = job.finish(timeout=200)
+    assert code == 0, job.tail(60)
+    ranks = task_lines(job, r"rank (\d) of (\d) \(local rank (\d), host (\d) of (\d)\): 20 steps")
+    placed = task_lines(job, r"slurm-task \d+ on (\S+) of")
+    assert sorted(ranks) == [0, 1, 2], job.tail(60)
+    # rank, size, local rank, host, hosts: local ranks count a host's ranks, cross ranks the hosts.
+    assert {tuple(int(x) for x in ranks[r]) for r in ranks} == {(0, 3, 0, 0, 2), (1, 3, 1, 0, 2), (2, 3, 0, 1, 2)}
+    reliability("srun -N 2 -n 3 Horovod ranks: (rank, local rank, host)",
+                "; ".join(f"{placed[r][0]}: ({ranks[r][0]}, {ranks[r][2]}, {ranks[r][3]})" for r in sorted(ranks)))
+    weights = [np.load(out / f"weights-{rank}.npz") for rank in range(3)]
+    for key in weights[0].files:
+        assert weights[0][key].tobytes() == weights[1][key].tobytes() == weights[2][key].tobytes()
     assert_nothing_left(slurm_hosts)
 
 
