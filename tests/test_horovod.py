@@ -37,6 +37,8 @@ from conftest import REPO, TFCLUSTER, base_env, no_process_left, run_cli, run_lo
 from jobs.stream import Stream
 
 PROGRAM = os.path.join(REPO, "tests", "programs", "horovod_mnist.py")
+#: The program's trainable floats: dense 64x32 + 32, dense 32x2 + 2.
+PARAMS = 64 * 32 + 32 + 32 * 2 + 2
 
 
 def weights(folder, rank):
@@ -52,10 +54,11 @@ def one_process(out, *args):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("options", [[], ["--passes", "2", "--predivide", "2", "--collectives"]],
-                         ids=["average", "two-passes-predivided"])
+@pytest.mark.parametrize("options", [["--trace"], ["--passes", "2", "--predivide", "2", "--collectives"],
+                                     ["--fp16", "--trace"]],
+                         ids=["average", "two-passes-predivided", "fp16"])
 def test_horovods_mnist_program_trains_one_model_on_two_workers_equal_to_one_process_on_the_global_batch(
-        tmp_path, options):
+        tmp_path, options, reliability):
     code, out = run_local(tmp_path, "--tf1", "--ps", "0", "--workers", "2", "--", sys.executable, PROGRAM,
                           "--out", tmp_path / "cluster", *options)
     assert code == 0, out[-4000:]
@@ -66,12 +69,22 @@ def test_horovods_mnist_program_trains_one_model_on_two_workers_equal_to_one_pro
         if "--collectives" in options:
             assert f"[worker:{rank}] rank {rank}: collectives agree" in out, out[-4000:]
     assert os.listdir(tmp_path / "cluster" / "checkpoints")         # rank 0 saved
-    one_process(tmp_path / "one", *[o for o in options if o != "--collectives"])
+    if "--trace" in options:
+        # What a traced step's all-reduce carried: every gradient (64x32 + 32 + 32x2 + 2 floats) in one op, in
+        # 4 bytes each, or 2 with Compression.fp16 (a ring of n ranks sends 2(n-1)/n of it each).
+        carried = {int(m.group(1)): (int(m.group(2)), m.group(3)) for m in re.finditer(
+            r"^\[worker:\d\] rank (\d) all-reduced (\d+) bytes in a step \((\S+)\)$", out, re.M)}
+        width, dtype = (2, "float16") if "--fp16" in options else (4, "float32")
+        assert carried == {0: (PARAMS * width, dtype), 1: (PARAMS * width, dtype)}, out[-3000:]
+        reliability(f"Horovod {dtype}: bytes one rank all-reduces per step (traced)", carried[0][0], "B")
+    one_process(tmp_path / "one", *[o for o in options if o not in ("--collectives", "--trace")])
     for a, b, c in zip(weights(tmp_path / "cluster", 0), weights(tmp_path / "cluster", 1),
                        weights(tmp_path / "one", 0)):
         np.testing.assert_array_equal(a, b)
-        # The same sums in another order (two halves' means averaged, against one mean): float32 rounding.
-        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+        # The same sums in another order (two halves' means averaged, against one mean): float32 rounding; with
+        # fp16, each gradient rounded to 11 bits, summed in float16 there and not here.
+        np.testing.assert_allclose(a, c, **(dict(rtol=1e-2, atol=1e-3) if "--fp16" in options else
+                                             dict(rtol=1e-5, atol=1e-6)))
 
 
 def started_pid(run, task):

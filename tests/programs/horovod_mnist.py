@@ -9,7 +9,8 @@ generated (no download); each rank steps on its own part of a global batch
 scaled by the size, so one process on the global batch takes the same steps.
 ``--out DIR`` gets ``weights-<rank>.npz``; each rank says the global step it
 starts at, every ``--print-every`` steps, and its thread count after the first
-step and at the end; ``--save-steps`` sets rank 0's checkpoint interval. ``--passes``, ``--predivide`` and
+step and at the end; ``--save-steps`` sets rank 0's checkpoint interval;
+``--trace`` traces the last step and says the bytes its all-reduces carried. ``--passes``, ``--predivide`` and
 ``--fp16`` give ``DistributedOptimizer`` Horovod's ``backward_passes_per_step``,
 ``gradient_predivide_factor`` and ``Compression.fp16``; ``--collectives`` first
 checks allgather, alltoall and a prescaled allreduce against what Horovod
@@ -33,6 +34,7 @@ p.add_argument("--fp16", action="store_true")
 p.add_argument("--collectives", action="store_true")
 p.add_argument("--save-steps", type=int, default=None, help="rank 0's checkpoint every N steps")
 p.add_argument("--print-every", type=int, default=0, help="say each N-th step")
+p.add_argument("--trace", action="store_true", help="trace the last step; say the bytes its all-reduce carried")
 args = p.parse_args()
 
 hvd.init()
@@ -86,7 +88,18 @@ with tf.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=hook
                                        save_checkpoint_steps=args.save_steps) as mon_sess:
     while not mon_sess.should_stop():
         lo = (step * args.global_batch) % len(x_all) + hvd.rank() * batch
-        mon_sess.run(train_op, feed_dict={image: x_all[lo:lo + batch], label: y_all[lo:lo + batch]})
+        traced = args.trace and step == args.steps - 1
+        options = tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE) if traced else None
+        metadata = tf.RunMetadata() if traced else None
+        mon_sess.run(train_op, feed_dict={image: x_all[lo:lo + batch], label: y_all[lo:lo + batch]},
+                     options=options, run_metadata=metadata)
+        if traced:      # what each all-reduce carried: its output is as big as what this rank put in
+            carried = [o.tensor_description for d in metadata.step_stats.dev_stats for n in d.node_stats
+                       if n.node_name.endswith("CollectiveReduceV2") for o in n.output]
+            sizes = [(tf.as_dtype(t.dtype).name, int(np.prod([d.size for d in t.shape.dim])) * tf.as_dtype(t.dtype).size)
+                     for t in carried]
+            print("rank {} all-reduced {} bytes in a step ({})".format(
+                hvd.rank(), sum(b for _, b in sizes), ", ".join(sorted(n for n, _ in sizes))), flush=True)
         step += 1
         if step == 1:
             threads = len(os.listdir("/proc/self/task"))
