@@ -195,7 +195,23 @@ def rows(quick, steps):
     })
     out.update(ctr_rows(steps // 2))
     out.update(tf2_rows(steps // 10))
+    out.update(horovod_rows(steps // 3))
     return out
+
+
+def horovod_rows(steps):
+    """Horovod's rows (docs/horovod.md): a Horovod TF 1.x program (scripts/bench/horovod_cnn.py, the digits CNN,
+    batch 128 per rank) in TF1 mode on 2 workers, with and without fp16 compression, and in one process; the same
+    CNN through tfcluster.fit's collective strategy on 2 workers."""
+    hvd = os.path.join(BENCH, "horovod_cnn.py")
+    fit = [os.path.join(BENCH, "tfcluster_fit.py"), "--mode", "collective", "--model", "cnn", "--steps", str(steps)]
+    job = [hvd, "--steps", str(steps)]
+    return {
+        "hvd_cnn": ("hvd", "tfcluster", lambda: run_local(job, ps=0, extra=["--tf1"])),
+        "hvd_cnn_fp16": ("hvd", "tfcluster", lambda: run_local([*job, "--fp16"], ps=0, extra=["--tf1"])),
+        "hvd_cnn_collective": ("hvd", "tfcluster", lambda: run_local(fit, ps=0)),
+        "hvd_cnn_single": ("hvd", "one process", lambda: run_single(["-m", "tfcluster.tf1", *job])),
+    }
 
 
 def tf2_rows(steps):

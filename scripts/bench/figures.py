@@ -17,6 +17,7 @@ PANELS = {
     "cnn": "tutorials' CNN",
     "ctr": "click-through wide & deep: 26 x H-row tables (H = 100,000 unless named), batch 512, 2 workers, 2 ps",
     "tf2": "TF 2 tutorials' CNN, fit and custom loop, global batch 128 (TF2 mode)",
+    "hvd": "Horovod TF 1.x program (TF1 mode): the digits CNN, batch 128 per rank, 2 workers",
     "startup": "start-up and teardown, seconds",
     "pull": "pulling a 64 MB variable from a ps",
     "accuracy": "README example (digits): test accuracy points, bfloat16 - float32 wire",
@@ -39,6 +40,7 @@ GROUPS = {
     "CNN": ["single_cnn", "tfcluster_async_cnn"],
     "TF 2 tutorials' CNN (TF2 mode)": [f"tf2_{loop}_{how}" for loop in ("fit", "custom")
                                        for how in ("tfcluster", "by_hand", "single", "single_mode")],
+    "Horovod program, digits CNN (TF1 mode)": ["hvd_cnn", "hvd_cnn_fp16", "hvd_cnn_collective", "hvd_cnn_single"],
     "click-through, 2 workers (2 ps unless named)": ["ctr_async", "ctr_async_1ps", "ctr_sync", "ctr_raw_tf1",
                                                      "ctr_tf2_pss", "ctr_async_h10k", "ctr_async_h1m", "ctr_sync_h1m",
                                                      "ctr_async_bf16"],
@@ -140,6 +142,10 @@ def figures(runs, thr, extra):
              f"tf2_{loop}_single", "tf2", "one process")
         pair(f"T3 TF2 {shape}: TF2 mode / plain TF, one process", f"tf2_{loop}_single_mode", f"tf2_{loop}_single",
              "tf2", "one process", ">= 0.98")
+    pair("H1 Horovod program (TF1 mode) / tfcluster's collective strategy, same CNN, 2 workers", "hvd_cnn",
+         "hvd_cnn_collective", "hvd", "tfcluster", ">= 0.95")
+    pair("H2 Horovod program: 2 workers / one process", "hvd_cnn", "hvd_cnn_single", "hvd", "one process")
+    pair("H3 Horovod program: Compression.fp16 / none, 2 workers", "hvd_cnn_fp16", "hvd_cnn", "hvd", "tfcluster")
     pair("W2 bigger MLP: bfloat16 wire / float32 wire, async", "big_async_bf16", "big_async", "big", "tfcluster",
          ">= 1.3")
     pair("W2 bigger MLP: bfloat16 wire / float32 wire, sync", "big_sync_bf16", "big_sync", "big", "tfcluster",
