@@ -5,11 +5,13 @@
   rank, checkpoints on rank 0), on ``tfcluster local --tf1 --ps 0 --workers 2``: ranks 0 and 1 of 2, both copies
   the same bit for bit, and equal to one process on the global batch (``op=Average``: the mean of the ranks'
   mean gradients is the global batch's), also with ``backward_passes_per_step=2`` and
-  ``gradient_predivide_factor=2``; allgather of unequal lengths, alltoall with splits and a prescaled Sum
-  give what Horovod documents;
+  ``gradient_predivide_factor=2``, with ``op=Sum`` (one process at twice the rate) and with
+  ``Compression.fp16`` (within its rounding, and half the bytes in a traced step's all-reduce); allgather of
+  unequal lengths, alltoall with splits and a prescaled Sum give what Horovod documents;
 - ``backward_passes_per_step=k`` sums k passes' gradients and applies them on the k-th, the global step (and
   a Keras optimizer's ``iterations``) counting every pass;
-- Horovod's tensorflow_keras_mnist.py with its four callbacks, on 2 workers: one model, the warmup and
+- Horovod's tensorflow_keras_mnist.py with its four callbacks, started by ``tfcluster horovodrun -np 2``: one
+  model, the warmup and
   schedule rates Horovod's formulas give, each epoch's loss averaged over the ranks, and rank 0's checkpoint
   loaded back by ``hvd.load_model`` with its optimizer wrapped again;
 - Horovod's tensorflow_mnist_estimator.py on 2 workers: each rank's Estimator trains alone (``hvd.init()``
@@ -55,8 +57,8 @@ def one_process(out, *args):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("options", [["--trace"], ["--passes", "2", "--predivide", "2", "--collectives"],
-                                     ["--fp16", "--trace"]],
-                         ids=["average", "two-passes-predivided", "fp16"])
+                                     ["--fp16", "--trace"], ["--op", "sum"]],
+                         ids=["average", "two-passes-predivided", "fp16", "sum"])
 def test_horovods_mnist_program_trains_one_model_on_two_workers_equal_to_one_process_on_the_global_batch(
         tmp_path, options, reliability):
     code, out = run_local(tmp_path, "--tf1", "--ps", "0", "--workers", "2", "--", sys.executable, PROGRAM,
@@ -77,7 +79,9 @@ def test_horovods_mnist_program_trains_one_model_on_two_workers_equal_to_one_pro
         width, dtype = (2, "float16") if "--fp16" in options else (4, "float32")
         assert carried == {0: (PARAMS * width, dtype), 1: (PARAMS * width, dtype)}, out[-3000:]
         reliability(f"Horovod {dtype}: bytes one rank all-reduces per step (traced)", carried[0][0], "B")
-    one_process(tmp_path / "one", *[o for o in options if o not in ("--collectives", "--trace")])
+    # op=Sum: the sum of the 2 ranks' mean gradients is twice the global batch's mean, one process's at twice the rate.
+    one_process(tmp_path / "one", *[o for o in options if o not in ("--collectives", "--trace")],
+                *(["--lr", "0.2"] if "sum" in options else []))
     for a, b, c in zip(weights(tmp_path / "cluster", 0), weights(tmp_path / "cluster", 1),
                        weights(tmp_path / "one", 0)):
         np.testing.assert_array_equal(a, b)

@@ -10,9 +10,9 @@ scaled by the size, so one process on the global batch takes the same steps.
 ``--out DIR`` gets ``weights-<rank>.npz``; each rank says the global step it
 starts at, every ``--print-every`` steps, and its thread count after the first
 step and at the end; ``--save-steps`` sets rank 0's checkpoint interval;
-``--trace`` traces the last step and says the bytes its all-reduces carried. ``--passes``, ``--predivide`` and
-``--fp16`` give ``DistributedOptimizer`` Horovod's ``backward_passes_per_step``,
-``gradient_predivide_factor`` and ``Compression.fp16``; ``--collectives`` first
+``--trace`` traces the last step and says the bytes its all-reduces carried. ``--passes``, ``--predivide``,
+``--fp16`` and ``--op sum`` give ``DistributedOptimizer`` Horovod's ``backward_passes_per_step``,
+``gradient_predivide_factor``, ``Compression.fp16`` and ``op=hvd.Sum``; ``--collectives`` first
 checks allgather, alltoall and a prescaled allreduce against what Horovod
 documents, in a session of its own.
 """
@@ -31,6 +31,8 @@ p.add_argument("--global-batch", type=int, default=32)
 p.add_argument("--passes", type=int, default=1)
 p.add_argument("--predivide", type=float, default=1.0)
 p.add_argument("--fp16", action="store_true")
+p.add_argument("--op", choices=("average", "sum"), default="average")
+p.add_argument("--lr", type=float, default=0.1)
 p.add_argument("--collectives", action="store_true")
 p.add_argument("--save-steps", type=int, default=None, help="rank 0's checkpoint every N steps")
 p.add_argument("--print-every", type=int, default=0, help="say each N-th step")
@@ -62,7 +64,8 @@ logits = tf.layers.dense(hidden, 2, kernel_initializer=tf.glorot_uniform_initial
 loss = tf.losses.sparse_softmax_cross_entropy(label, logits)
 
 global_step = tf.train.get_or_create_global_step()
-opt = hvd.DistributedOptimizer(tf.train.GradientDescentOptimizer(0.1), backward_passes_per_step=args.passes,
+opt = hvd.DistributedOptimizer(tf.train.GradientDescentOptimizer(args.lr), backward_passes_per_step=args.passes,
+                               op=hvd.Sum if args.op == "sum" else hvd.Average,
                                gradient_predivide_factor=args.predivide,
                                compression=hvd.Compression.fp16 if args.fp16 else hvd.Compression.none)
 train_op = opt.minimize(loss, global_step=global_step)

@@ -13,7 +13,7 @@ from ..core.errors import SpecError
 from . import tensorflow as hvd
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback",
-           "LearningRateWarmupCallback"]
+           "LearningRateWarmupCallback", "LRScheduleCallback", "LRWarmupCallback"]
 
 _K = tf_keras.backend
 
@@ -140,3 +140,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.end_epoch - 1 and self.verbose > 0 and hvd.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{float(_K.get_value(self.model.optimizer.lr)):g}.")
+
+
+#: Horovod 0.12-0.13's names of the two (its keras_mnist_advanced.py used LRWarmupCallback).
+LRScheduleCallback, LRWarmupCallback = LearningRateScheduleCallback, LearningRateWarmupCallback
