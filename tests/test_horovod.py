@@ -208,8 +208,9 @@ KERAS_PROGRAM = os.path.join(REPO, "tests", "programs", "horovod_keras.py")
 def test_horovods_keras_program_with_its_callbacks_started_by_horovodrun_trains_one_model_on_two_workers(
         tmp_path):
     # Started as Horovod's users start it: tfcluster horovodrun -np 2 python train.py.
+    # On a machine whose GPUs 2 and 5 are free (a fake list: this one has none), each rank gets one of them.
     r = run_cli("horovodrun", "-np", "2", sys.executable, KERAS_PROGRAM, "--out", tmp_path / "out", timeout=240,
-                cwd=str(tmp_path))
+                cwd=str(tmp_path), env=base_env(CUDA_VISIBLE_DEVICES="2,5"))
     out = r.stdout + r.stderr
     assert no_process_left([int(m) for m in re.findall(r"started \(pid (\d+)\)", out)])
     assert r.returncode == 0, out[-4000:]
@@ -217,6 +218,10 @@ def test_horovods_keras_program_with_its_callbacks_started_by_horovodrun_trains_
                           f"{KERAS_PROGRAM} --out {tmp_path / 'out'}\n"), out[:500]
     for a, b in zip(weights(tmp_path / "out", 0), weights(tmp_path / "out", 1)):
         np.testing.assert_array_equal(a, b)
+    # The program pins GPU str(hvd.local_rank()); the task sees only its own GPU, as GPU 0, so the pin gives way.
+    for rank, gpu in ((0, "2"), (1, "5")):
+        assert f"[worker:{rank}] rank {rank}: CUDA_VISIBLE_DEVICES={gpu}, the session's visible_device_list=''" \
+            in out, out[-4000:]
     epochs = {rank: re.findall(rf"^\[worker:{rank}\] rank {rank} epoch (\d): lr (\S+) loss (\S+)$", out, re.M)
               for rank in (0, 1)}
     # Each epoch's loss is the ranks' mean, the same on both (MetricAverageCallback), and so are the rates.

@@ -6,7 +6,8 @@ optimizer's rate scaled by the size and wrapped in ``hvd.DistributedOptimizer``,
 ``LearningRateWarmupCallback`` and ``LearningRateScheduleCallback`` (Horovod's
 keras_mnist_advanced.py), ``ModelCheckpoint`` on rank 0 alone, and the last
 checkpoint loaded back with ``hvd.load_model``. Its data are generated (no
-download). Prints, per epoch, the rate and the averaged loss each rank's
+download). Prints the GPUs the task got and the ``visible_device_list`` its
+session runs with, then, per epoch, the rate and the averaged loss each rank's
 callbacks saw, the optimizer class ``load_model`` gave back, and writes
 ``--out/weights-<rank>.npz``.
 """
@@ -33,6 +34,9 @@ config = tf.ConfigProto()
 config.gpu_options.allow_growth = True
 config.gpu_options.visible_device_list = str(hvd.local_rank())
 K.set_session(tf.Session(config=config))
+print("rank {}: CUDA_VISIBLE_DEVICES={}, the session's visible_device_list={!r}".format(
+    hvd.rank(), os.environ.get("CUDA_VISIBLE_DEVICES"), K.get_session()._config.gpu_options.visible_device_list),
+    flush=True)
 
 rng = np.random.RandomState(hvd.rank())          # each rank its own data, as Horovod's examples shuffle apart
 x_train = rng.rand(512, 16).astype("float32")
