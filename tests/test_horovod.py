@@ -270,7 +270,7 @@ def test_import_keras_and_tensorflow_keras_are_tf1_modes_tf_keras_and_horovod_ke
      r"hvd\.DistributedOptimizer\(gradient_predivide_factor=\.\.\.\) needs op=hvd\.Average"),
     ("hvd.init(); hvd.DistributedOptimizer(tf.train.AdamOptimizer(), backward_passes_per_step=0)",
      r"hvd\.DistributedOptimizer\(backward_passes_per_step=0\): give a whole number of passes, 1 or more"),
-    ("hvd.elastic.run", r"horovod\.tensorflow\.elastic\.run is not covered by tfcluster's Horovod yet; use "
+    ("hvd.elastic.run", r"horovod\.tensorflow\.elastic\.run is not covered by tfcluster's Horovod; use "
                         r"tfcluster local --max-restarts"),
 ], ids=["before-init", "adasum", "predivide-sum", "no-passes", "elastic"])
 def test_what_is_not_served_is_one_line(tmp_path, line, message):

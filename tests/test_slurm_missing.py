@@ -15,7 +15,7 @@ import pytest
 import slurmhost
 from conftest import REPO, base_env
 
-SLURM_TESTS = 5
+SLURM_TESTS = 6
 
 
 def _run_slurm_tests(ci: bool, as_nobody: bool = False, hide: bool = True):

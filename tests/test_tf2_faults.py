@@ -161,10 +161,13 @@ def test_a_program_that_saves_at_sigterm_saves_at_the_step_every_trainer_agrees_
     assert restored == done and t_end - t_term < 15
 
 
-def test_trainers_restart_together_in_tf2_mode_except_in_the_shape_of_parameter_server_strategy():
+def test_trainers_restart_together_in_tf2_mode_or_with_no_ps_except_in_the_shape_of_parameter_server_strategy():
     from tfcluster.launch.config import LaunchConfig
     tf2 = ("python", "-m", "tfcluster.tf2", PROGRAM)
     assert LaunchConfig(tf2, ps=0, workers=2).trainers_restart_together
     assert LaunchConfig(tf2, ps=1, workers=2).trainers_restart_together          # MirroredStrategy, the ps unused
     assert not LaunchConfig(tf2, chief=True, ps=1, workers=2).trainers_restart_together   # a coordinator's workers
-    assert not LaunchConfig(("python", PROGRAM), ps=0, workers=2).trainers_restart_together
+    # Any mode: several trainers and no ps all-reduce as one group (Horovod, TF 1.x's collective strategies).
+    assert LaunchConfig(("python", PROGRAM), ps=0, workers=2).trainers_restart_together
+    assert not LaunchConfig(("python", PROGRAM), ps=0, workers=1).trainers_restart_together
+    assert not LaunchConfig(("python", PROGRAM), ps=1, workers=2).trainers_restart_together

@@ -135,12 +135,27 @@ def free_port():
     return port
 
 
+def servers_in_this_process(workers, attempts=3):
+    """A ps and ``workers`` worker servers in this process, on ports free when picked.
+
+    A port found free may be taken by another process before its server binds it
+    (the suite runs two test processes): TF then fails with "Could not start gRPC
+    server", and the cluster is tried again on other ports.
+    """
+    for attempt in range(attempts):
+        spec = tf.train.ClusterSpec({"ps": ["localhost:%d" % free_port()],
+                                     "worker": ["localhost:%d" % free_port() for _ in range(workers)]})
+        try:
+            tf.train.Server(spec, job_name="ps", task_index=0)
+            return [tf.train.Server(spec, job_name="worker", task_index=i) for i in range(workers)]
+        except tf.errors.OpError as e:
+            if "Could not start gRPC server" not in str(e) or attempt == attempts - 1:
+                raise
+
+
 def in_one_process(kind):
     """One ps and FLAGS.workers workers in this process, each worker a thread."""
-    spec = tf.train.ClusterSpec({"ps": ["localhost:%d" % free_port()],
-                                 "worker": ["localhost:%d" % free_port() for _ in range(FLAGS.workers)]})
-    tf.train.Server(spec, job_name="ps", task_index=0)
-    workers = [tf.train.Server(spec, job_name="worker", task_index=i) for i in range(FLAGS.workers)]
+    workers = servers_in_this_process(FLAGS.workers)
     result = {"session": kind, "unready": {}}
 
     def worker(i):

@@ -32,7 +32,7 @@ class _NotCovered(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        raise SpecError(f"{self.__name__}.{name} is not covered by tfcluster's Horovod yet; use "
+        raise SpecError(f"{self.__name__}.{name} is not covered by tfcluster's Horovod; use "
                         f"{NOT_COVERED[self.__name__]}")
 
 
