@@ -380,7 +380,7 @@ def test_a_false_duplicate_abort_is_retried_and_a_real_restart_says_what_it_thro
     assert steps["no_checkpoint"] == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6, 7, 8]
     assert "As chief with no checkpoint it re-initialises every variable: all training progress" in r.stderr
     assert steps["checkpoint"] == [1, 2, 3, 4, 4, 5, 6, 7, 8]
-    assert re.search(r"As chief it restores \S+model\.ckpt-3 over the variables on the ps: every step since", r.stderr)
+    assert re.search(r"As chief it restores \S+model\.ckpt-3 over its variables: every step since", r.stderr)
     assert r.stderr.count("MonitoredTrainingSession is recreating its session after AbortedError: Step aborted "
                           "by a preempted ps (injected).") == 2
 

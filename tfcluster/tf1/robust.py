@@ -103,7 +103,10 @@ def _what_is_lost(creator) -> str:
     ckpt_dir = getattr(inner, "_checkpoint_dir", None)
     latest = checkpoint_management.latest_checkpoint(ckpt_dir) if ckpt_dir else None
     if latest:
-        return (f"As chief it restores {latest} over the variables on the ps: every step since that "
+        from ..topology.cluster import Cluster
+        cluster = Cluster.from_environment()        # none after hvd.init(): Horovod's ranks hold their own copies
+        where = "the variables on the ps" if cluster is not None and cluster.num_tasks("ps") else "its variables"
+        return (f"As chief it restores {latest} over {where}: every step since that "
                 "checkpoint is lost (save checkpoints more often to lose less).")
     return ("As chief with no checkpoint it re-initialises every variable: all training progress so far "
             "is lost (give a checkpoint_dir to keep it).")
