@@ -48,9 +48,19 @@ def weights(folder, rank):
         return [f[f"arr_{i}"] for i in range(len(f.files))]
 
 
+def in_tf1_mode(script, *args):
+    """``python -m tfcluster.tf1 SCRIPT ARGS`` in one process (a rank of one), to its end."""
+    return subprocess.run([sys.executable, "-m", "tfcluster.tf1", str(script), *map(str, args)], capture_output=True,
+                          text=True, timeout=150, env=base_env())
+
+
+def written(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    return tmp_path / name
+
+
 def one_process(out, *args):
-    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", PROGRAM, "--out", str(out), *args],
-                       capture_output=True, text=True, timeout=150, env=base_env())
+    r = in_tf1_mode(PROGRAM, "--out", out, *args)
     assert r.returncode == 0 and "rank 0 of 1 (local rank 0, host 0 of 1)" in r.stdout, r.stderr[-3000:]
 
 
@@ -171,10 +181,7 @@ print("keras", model.get_weights()[0].item(), tf.keras.backend.get_value(model.o
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_backward_passes_sum_k_gradients_and_apply_them_on_the_kth_pass_while_the_step_counts_every_pass(tmp_path):
-    script = tmp_path / "aggregation.py"
-    script.write_text(AGGREGATION)
-    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", str(script)], capture_output=True, text=True,
-                       timeout=150, env=base_env())
+    r = in_tf1_mode(written(tmp_path, "aggregation.py", AGGREGATION))
     assert r.returncode == 0, r.stderr[-3000:]
     # loss w * x, rate 1: passes 1 and 2 (x = 1, 2) apply -3 on the second; passes 3 and 4 apply -7.
     assert re.findall(r"^train (\S+) (\d+)$", r.stdout, re.M) == [
@@ -254,10 +261,7 @@ print("served")
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_import_keras_and_tensorflow_keras_are_tf1_modes_tf_keras_and_horovod_keras_wraps_their_optimizers(tmp_path):
-    script = tmp_path / "names.py"
-    script.write_text(NAMES)
-    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", str(script)], capture_output=True, text=True,
-                       timeout=150, env=base_env())
+    r = in_tf1_mode(written(tmp_path, "names.py", NAMES))
     assert r.returncode == 0 and "served" in r.stdout, r.stderr[-3000:]
 
 
@@ -274,10 +278,8 @@ def test_import_keras_and_tensorflow_keras_are_tf1_modes_tf_keras_and_horovod_ke
                         r"tfcluster local --max-restarts"),
 ], ids=["before-init", "adasum", "predivide-sum", "no-passes", "elastic"])
 def test_what_is_not_served_is_one_line(tmp_path, line, message):
-    script = tmp_path / "program.py"
-    script.write_text(f"import tensorflow as tf\nimport horovod.tensorflow as hvd\n{line}\n")
-    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", str(script)], capture_output=True, text=True,
-                       timeout=150, env=base_env())
+    program = f"import tensorflow as tf\nimport horovod.tensorflow as hvd\n{line}\n"
+    r = in_tf1_mode(written(tmp_path, "program.py", program))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert re.search(rf"^tfcluster: error: {message}", r.stderr, re.M), r.stderr[-3000:]
 

@@ -99,8 +99,8 @@ with tf.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=hook
         if traced:      # what each all-reduce carried: its output is as big as what this rank put in
             carried = [o.tensor_description for d in metadata.step_stats.dev_stats for n in d.node_stats
                        if n.node_name.endswith("CollectiveReduceV2") for o in n.output]
-            sizes = [(tf.as_dtype(t.dtype).name, int(np.prod([d.size for d in t.shape.dim])) * tf.as_dtype(t.dtype).size)
-                     for t in carried]
+            sizes = [(tf.as_dtype(t.dtype).name,
+                      int(np.prod([d.size for d in t.shape.dim])) * tf.as_dtype(t.dtype).size) for t in carried]
             print("rank {} all-reduced {} bytes in a step ({})".format(
                 hvd.rank(), sum(b for _, b in sizes), ", ".join(sorted(n for n, _ in sizes))), flush=True)
         step += 1

@@ -29,8 +29,8 @@ from ..topology.cluster import Cluster
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
            "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled",
-           "nccl_built", "Average", "Sum", "Adasum", "allreduce", "allgather", "alltoall", "broadcast", "broadcast_variables",
-           "broadcast_global_variables", "Compression", "BroadcastGlobalVariablesHook"]
+           "nccl_built", "Average", "Sum", "Adasum", "allreduce", "allgather", "alltoall", "broadcast",
+           "broadcast_variables", "broadcast_global_variables", "Compression", "BroadcastGlobalVariablesHook"]
 
 #: TF's collective group of Horovod's ranks (tfcluster's collective strategy uses group 1).
 GROUP_KEY = 7
@@ -50,8 +50,8 @@ class _Ops:
 
 Average, Sum, Adasum = _Ops.Average, _Ops.Sum, _Ops.Adasum
 #: Why hvd.Adasum is refused, in one line.
-ADASUM_REFUSED = ("hvd.Adasum is not covered: Horovod defines its numerics in its own C++ ops; use hvd.Average or hvd.Sum "
-           "(docs/horovod.md)")
+ADASUM_REFUSED = ("hvd.Adasum is not covered: Horovod defines its numerics in its own C++ ops; use hvd.Average or "
+                  "hvd.Sum (docs/horovod.md)")
 _state = {}
 
 
