@@ -276,7 +276,9 @@ def test_import_keras_and_tensorflow_keras_are_tf1_modes_tf_keras_and_horovod_ke
      r"hvd\.DistributedOptimizer\(backward_passes_per_step=0\): give a whole number of passes, 1 or more"),
     ("hvd.elastic.run", r"horovod\.tensorflow\.elastic\.run is not covered by tfcluster's Horovod; use "
                         r"tfcluster local --max-restarts"),
-], ids=["before-init", "adasum", "predivide-sum", "no-passes", "elastic"])
+    ("hvd.init(); hvd.DistributedOptimizer(tf.train.AdamOptimizer(), process_set=object())",
+     r"hvd\.DistributedOptimizer\(process_set=\.\.\.\) is not covered"),
+], ids=["before-init", "adasum", "predivide-sum", "no-passes", "elastic", "process-set"])
 def test_what_is_not_served_is_one_line(tmp_path, line, message):
     program = f"import tensorflow as tf\nimport horovod.tensorflow as hvd\n{line}\n"
     r = in_tf1_mode(written(tmp_path, "program.py", program))

@@ -102,13 +102,18 @@ def _op(result):
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",  # noqa: N802
                          compression=hvd.Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
-                         op=hvd.Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False, **_):
+                         op=hvd.Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=None, scale_local_gradients=True):
     """Horovod's ``DistributedOptimizer``: ``optimizer`` whose gradients are all-reduced over the ranks first.
 
     A ``tf.compat.v1.train`` optimizer gets a ``tf.train.Optimizer`` that wraps
     it; a tf-keras optimizer a subclass of its own class (:func:`keras_optimizer`).
     """
     _check(op, backward_passes_per_step, gradient_predivide_factor)
+    if process_set is not None:
+        raise SpecError("hvd.DistributedOptimizer(process_set=...) is not covered: tfcluster's ranks are one set, "
+                        "TF_CONFIG's trainers (docs/horovod.md)")
+    # num_groups and groups set how Horovod fuses; here a step's gradients are one all-reduce per dtype anyway.
     # sparse_as_dense is taken and has nothing to change: every gradient is all-reduced dense here.
     settings = dict(op=op, compression=compression, gradient_predivide_factor=gradient_predivide_factor)
     if hasattr(optimizer, "get_gradients") and hasattr(optimizer, "get_config"):
