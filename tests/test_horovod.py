@@ -7,7 +7,8 @@
   mean gradients is the global batch's), also with ``backward_passes_per_step=2`` and
   ``gradient_predivide_factor=2``, with ``op=Sum`` (one process at twice the rate) and with
   ``Compression.fp16`` (within its rounding, and half the bytes in a traced step's all-reduce); allgather of
-  unequal lengths, alltoall with splits and a prescaled Sum give what Horovod documents;
+  unequal lengths, alltoall with splits, a prescaled Sum, grouped_allreduce, reducescatter,
+  broadcast_object and allgather_object give what Horovod documents;
 - ``backward_passes_per_step=k`` sums k passes' gradients and applies them on the k-th, the global step (and
   a Keras optimizer's ``iterations``) counting every pass;
 - Horovod's tensorflow_keras_mnist.py with its four callbacks, started by ``tfcluster horovodrun -np 2``: one
@@ -278,7 +279,8 @@ def test_import_keras_and_tensorflow_keras_are_tf1_modes_tf_keras_and_horovod_ke
                         r"tfcluster local --max-restarts"),
     ("hvd.init(); hvd.DistributedOptimizer(tf.train.AdamOptimizer(), process_set=object())",
      r"hvd\.DistributedOptimizer\(process_set=\.\.\.\) is not covered"),
-], ids=["before-init", "adasum", "predivide-sum", "no-passes", "elastic", "process-set"])
+    ("hvd.init(); hvd.join()", r"hvd\.join\(\) is not covered: give every rank the same number of steps"),
+], ids=["before-init", "adasum", "predivide-sum", "no-passes", "elastic", "process-set", "join"])
 def test_what_is_not_served_is_one_line(tmp_path, line, message):
     program = f"import tensorflow as tf\nimport horovod.tensorflow as hvd\n{line}\n"
     r = in_tf1_mode(written(tmp_path, "program.py", program))

@@ -13,8 +13,9 @@ step and at the end; ``--save-steps`` sets rank 0's checkpoint interval;
 ``--trace`` traces the last step and says the bytes its all-reduces carried. ``--passes``, ``--predivide``,
 ``--fp16`` and ``--op sum`` give ``DistributedOptimizer`` Horovod's ``backward_passes_per_step``,
 ``gradient_predivide_factor``, ``Compression.fp16`` and ``op=hvd.Sum``; ``--collectives`` first
-checks allgather, alltoall and a prescaled allreduce against what Horovod
-documents, in a session of its own.
+checks allgather, alltoall, a prescaled allreduce, grouped_allreduce,
+reducescatter, broadcast_object and allgather_object against what Horovod
+documents.
 """
 
 import argparse
@@ -46,11 +47,19 @@ if args.collectives:
     rows = tf.constant([[10.0 * r + j] for j in range(n) for _ in range(j + 1)])
     received, counts = hvd.alltoall(rows, splits=[j + 1 for j in range(n)])     # j + 1 rows to rank j
     total = hvd.allreduce(tf.constant(float(r + 1)), op=hvd.Sum, prescale_factor=2.0)
+    grouped = hvd.grouped_allreduce([tf.constant(float(r)), tf.constant([1.0, float(r)])], op=hvd.Sum)
+    scattered = hvd.reducescatter(tf.reshape(tf.range(6.0), [3, 2]) + float(r), op=hvd.Sum)   # 3 rows over n
     with tf.Session() as session:
-        g, out, c, t = session.run([gathered, received, counts, total])
+        g, out, c, t, gr, sc = session.run([gathered, received, counts, total, grouped, scattered])
     assert g.tolist() == [[float(i)] * 2 for i in range(n) for _ in range(i + 1)], g
     assert out.ravel().tolist() == [10.0 * i + r for i in range(n) for _ in range(r + 1)], out
     assert c.tolist() == [r + 1] * n and t == n * (n + 1), (c, t)
+    ranks_sum = n * (n - 1) / 2
+    assert gr[0] == ranks_sum and gr[1].tolist() == [n, ranks_sum], gr
+    mine = [i for i in range(3) if i * n // 3 == r] if n == 3 else ([0, 1] if r == 0 else [2])
+    assert sc.tolist() == [[n * (2.0 * i) + ranks_sum, n * (2.0 * i + 1) + ranks_sum] for i in mine], sc
+    assert hvd.broadcast_object({"epoch": 7} if r == 0 else None, root_rank=0) == {"epoch": 7}
+    assert hvd.allgather_object(("rank", r)) == [("rank", i) for i in range(n)]
     print("rank {}: collectives agree".format(r), flush=True)
 rng = np.random.RandomState(0)
 x_all = rng.rand(2048, 64).astype("float32")

@@ -3,8 +3,9 @@
 The modules, top down: :mod:`.keras` is ``horovod.tensorflow.keras`` and
 ``horovod.keras`` (graph-mode tf-keras) with :mod:`.callbacks`, Horovod's Keras
 callbacks; :mod:`.optimizers` is ``DistributedOptimizer`` for ``tf.train`` and
-tf-keras optimizers; :mod:`.tensorflow` is the rest of ``horovod.tensorflow``:
-ranks, all-reduce, all-gather, all-to-all, broadcast and
+tf-keras optimizers; :mod:`.objects` sends Python objects between ranks;
+:mod:`.tensorflow` is the rest of ``horovod.tensorflow``: ranks, all-reduce,
+all-gather, all-to-all, reduce-scatter, broadcast and
 ``BroadcastGlobalVariablesHook`` on TF's collectives between tfcluster's
 tasks. :func:`modules` gives the modules TF1 mode's import finder serves under
 Horovod's names; ``hvd.elastic`` is a module whose every name is one line
@@ -56,10 +57,11 @@ class _Served(types.ModuleType):
 
 def modules() -> dict:
     """``{name: module}`` of Horovod's names TF1 mode serves (TensorFlow imported)."""
-    from . import optimizers
+    from . import objects, optimizers
     package = types.ModuleType("horovod", "Horovod's API, served by tfcluster (docs/horovod.md).")
     api = types.ModuleType("horovod.tensorflow", tensorflow.__doc__)
     api.__dict__.update({name: getattr(tensorflow, name) for name in tensorflow.__all__})
+    api.__dict__.update({name: getattr(objects, name) for name in objects.__all__})
     api.DistributedOptimizer = optimizers.DistributedOptimizer
     api.BroadcastGlobalVariablesHook = tensorflow.hook_class()      # the class itself, for isinstance
     package.__path__ = api.__path__ = []     # packages: their submodules import (or say they are not served)

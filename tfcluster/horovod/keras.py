@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from . import callbacks, optimizers
 from . import tensorflow as hvd
+from .objects import allgather_object, broadcast_object
 from .tensorflow import (Adasum, Average, Compression, Sum, cross_rank, cross_size, gloo_built, gloo_enabled,
                          init, is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
                          nccl_built, rank, shutdown, size)
@@ -18,7 +19,8 @@ from .tensorflow import (Adasum, Average, Compression, Sum, cross_rank, cross_si
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
            "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled",
            "nccl_built", "Average", "Sum", "Adasum", "Compression", "DistributedOptimizer",
-           "broadcast_global_variables", "allreduce", "allgather", "broadcast", "load_model", "callbacks"]
+           "broadcast_global_variables", "allreduce", "allgather", "broadcast", "broadcast_object", "allgather_object",
+           "load_model", "callbacks"]
 
 DistributedOptimizer = optimizers.DistributedOptimizer
 

@@ -29,7 +29,8 @@ from ..topology.cluster import Cluster
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
            "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled",
-           "nccl_built", "Average", "Sum", "Adasum", "allreduce", "allgather", "alltoall", "broadcast",
+           "nccl_built", "Average", "Sum", "Adasum", "allreduce", "grouped_allreduce", "allgather", "alltoall",
+           "reducescatter", "join", "broadcast",
            "broadcast_variables", "broadcast_global_variables", "Compression", "BroadcastGlobalVariablesHook"]
 
 #: TF's collective group of Horovod's ranks (tfcluster's collective strategy uses group 1).
@@ -255,6 +256,36 @@ def alltoall(tensor, splits=None, name=None):
     starts = tf.cumsum(tf.reduce_sum(table, 1), exclusive=True) + tf.cumsum(table, 1, exclusive=True)[:, me]
     out = tf.concat([gathered[starts[i]:starts[i] + table[i, me]] for i in range(n)], 0)
     return (out, table[:, me]) if splits is not None else out
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=None, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """:func:`allreduce` of each tensor of ``tensors``, as a list."""
+    return [allreduce(t, average, compression=compression, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor, name=f"{name}_{i}" if name else None)
+            for i, t in enumerate(tensors)]
+
+
+def reducescatter(tensor, device_dense="", compression=None, op=None, name=None):
+    """This rank's share of the first dimension of the ranks' sum (mean for ``op=Average``, the default).
+
+    The rows are split as Horovod splits them, the first ranks one more when
+    they do not divide; it is an all-reduce each rank slices (n times Horovod's bytes).
+    """
+    import tensorflow as tf
+    tensor = tf.convert_to_tensor(tensor)
+    n, me = _get("reducescatter", "size"), _get("reducescatter", "rank")
+    total = allreduce(tensor, compression=compression, op=Average if op is None else op,
+                      name=name or f"HorovodReducescatter_{tensor.op.name.replace('/', '_')}")
+    rows = tf.shape(total)[0]
+    share = rows // n + tf.cast(me < rows % n, tf.int32)
+    start = me * (rows // n) + tf.minimum(me, rows % n)
+    return total[start:start + share]
+
+
+def join():
+    """One line: Horovod's join lets ranks with fewer batches stop early; tfcluster's ranks step together."""
+    raise SpecError("hvd.join() is not covered: give every rank the same number of steps (docs/horovod.md)")
 
 
 def broadcast(tensor, root_rank, name=None):
