@@ -174,6 +174,16 @@ def ports():
     return lambda n: pick_free_ports(n)
 
 
+def data_files(checkpoint_dir, step=None) -> list:
+    """The data file names of the checkpoint at ``step`` in ``checkpoint_dir`` (its latest by default): one per
+    device that saved it (``-00000-of-00002`` ...), so their count says whether the save was sharded."""
+    import glob
+    prefix = (os.path.join(str(checkpoint_dir), f"model.ckpt-{step}") if step is not None
+              else max(glob.glob(os.path.join(str(checkpoint_dir), "model.ckpt-*.index")),
+                       key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0]))[:-len(".index")])
+    return sorted(os.path.basename(p) for p in glob.glob(glob.escape(prefix) + ".data-*"))
+
+
 def wait_until(predicate, timeout, what):
     """Poll ``predicate`` until true; fail naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

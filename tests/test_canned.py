@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from conftest import base_env
+from conftest import base_env, data_files
 from test_tf1_gaps import run_tf1
 
 # The *Estimator classes take tf.contrib.estimator's (v1) heads, as TF 1.x's did, or a v2 head (name+head).
@@ -170,6 +170,8 @@ def test_wide_and_deep_trains_shared_on_two_ps_with_its_input_layer_split_over_b
     # Every variable's two parts spread over both ps, by bytes (the placement report: what each ps holds).
     assert re.search(r"^\[worker:0\] tfcluster: info: worker:0 placed \d+ variable\(s\): /job:ps/task:0 [\d.]+ KB, "
                      r"/job:ps/task:1 [\d.]+ KB", run.out, re.M), run.out[-3000:]
+    # Each ps saved its own parts, as TF 1.x's Estimator did (its Scaffold's Saver was sharded).
+    assert [f.split(".data-")[1] for f in data_files(tmp_path / "model")] == ["00000-of-00002", "00001-of-00002"]
 
 
 @pytest.mark.slow

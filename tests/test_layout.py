@@ -41,7 +41,7 @@ LAYERS = [
                      ["strategies.local", "strategies.mirrored", "strategies.sync", "strategies.recorded"], ["strategies.sync_run"],
                      ["strategies.parameter_server", "strategies.collective", "strategies.sync_replicas"],
                      ["strategies"]])],
-    [("training", [["training.timer", "training.checkpoint_watch"],
+    [("training", [["training.timer", "training.checkpoint_watch", "training.savers"],
                    ["training.hooks", "training.liveness", "training.input_position"], ["training.chief"],
                    ["training.session"],
                    ["training.loop", "training.assembly"], ["training.evaluation", "training.train_metrics"], ["training.train"],

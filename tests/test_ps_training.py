@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import TFCLUSTER, Procs, base_env, kill_tree, wait_until
+from conftest import TFCLUSTER, Procs, base_env, data_files, kill_tree, wait_until
 from tfcluster.topology.ports import pick_free_ports
 
 tf = pytest.importorskip("tensorflow")
@@ -61,9 +61,10 @@ class Run:
         out.close()
         return self.p[name]
 
-    def ps(self, index=0, name="ps"):
-        return self._start(name, TFCLUSTER + ["start", "--cluster", self.cluster_file, "--job", "ps",
-                                              "--task", str(index)], base_env())
+    def ps(self, index=0, name="ps", wrap=()):
+        """Start ps ``index``; ``wrap``: a command it runs under (a private mount namespace)."""
+        return self._start(name, list(wrap) + TFCLUSTER + ["start", "--cluster", self.cluster_file, "--job", "ps",
+                                                           "--task", str(index)], base_env())
 
     def task(self, name, job_name, index, cfg=None, **env):
         """Start a trainer or the evaluator; ``cfg`` overrides this run's job config for it."""
@@ -250,6 +251,9 @@ def test_variables_split_over_two_ps_train_like_one_process_and_restore_whole(tm
     codes = run.wait_all(150)
     assert codes == {"ps0": 0, "ps1": 0, "w0": 0}, run.tails(codes)
     log = run.log("w0")
+    # Each ps wrote its own part of every checkpoint (TF 1.x's sharded saves); one process reads them whole below.
+    assert f"checkpoints: each of 2 ps saves its own variables into {run.ckpt} (sharded)" in log
+    assert data_files(run.ckpt) == ["model.ckpt-20.data-00000-of-00002", "model.ckpt-20.data-00001-of-00002"]
     # dense/w1 (640 B) and out/w2 (192 B) are split, one part on each ps
     for var in ("dense/w1", "out/w2"):
         assert re.search(rf"/job:ps/task:0 .*\n(?:      .*\n)*      {var}/part_[01] ", log), log[-3000:]
@@ -262,6 +266,42 @@ def test_variables_split_over_two_ps_train_like_one_process_and_restore_whole(tm
     x = run.data["x"]
     preds = predict(job.make_model_fn(run.data), lambda ctx: tf.data.Dataset.from_tensor_slices(x).batch(64), path)
     np.testing.assert_allclose(preds["logits"], job.forward(want, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(300)
+def test_a_ps_that_writes_another_disk_makes_the_chief_save_whole_and_a_sharded_run_restores_that(tmp_path, procs):
+    """ps:1 sees an empty disk of its own at the checkpoint path, as on a machine without the shared filesystem."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("this test needs root (it mounts a tmpfs in a private mount namespace); CI must run it as root")
+        pytest.skip("needs root (it mounts a tmpfs in a private mount namespace)")
+    run = Run(tmp_path, procs, workers=1, ps=2, mode="async", steps=20, batch=32, partition_min_bytes=100)
+    run.ckpt.mkdir()
+    run.ps(0, "ps0")
+    run.ps(1, "ps1", wrap=["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           'mount -t tmpfs tfcluster-other-disk "$0" && exec "$@"', str(run.ckpt)])
+    run.task("w0", "worker", 0)
+    codes = run.wait_all(150)
+    assert codes == {"ps0": 0, "ps1": 0, "w0": 0}, run.tails(codes)
+    assert (f"checkpoints: ps:1 cannot write {run.ckpt} (its file is not where this task reads (another machine's "
+            f"disk, no shared filesystem)); the chief writes whole checkpoints instead") in run.log("w0")
+    assert data_files(run.ckpt) == ["model.ckpt-20.data-00000-of-00001"]
+    assert not [f for f in os.listdir(run.ckpt) if f.startswith(".tfcluster-ps-writes")]     # ps:0's probe removed
+    # A run whose ps share the dir restores that whole checkpoint into its sharded Saver, and saves sharded.
+    (tmp_path / "again").mkdir()
+    again = Run(tmp_path / "again", procs, workers=1, ps=2, mode="async", steps=40, batch=32, partition_min_bytes=100)
+    again.ps(0, "ps0")
+    again.ps(1, "ps1")
+    again.task("w0", "worker", 0, cfg={"checkpoint_dir": str(run.ckpt)})
+    codes = again.wait_all(150)
+    assert codes == {"ps0": 0, "ps1": 0, "w0": 0}, again.tails(codes)
+    result = json.loads((tmp_path / "again" / "out" / "worker0.json").read_text())
+    assert (result["global_step"], result["local_steps"]) == (40, 20)
+    assert data_files(run.ckpt) == ["model.ckpt-40.data-00000-of-00002", "model.ckpt-40.data-00001-of-00002"]
+    want = job.reference_weights(run.data, steps=40, batch=32)
+    got, _ = run.weights()
+    for k in job.NAMES:     # one worker's async steps are one process's, across the restart
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
 # =================================================================== stalls

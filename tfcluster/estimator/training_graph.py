@@ -238,9 +238,8 @@ def _session(estimator, run, train_graph, spec, init_local, hooks, saving_listen
     scaffold = spec.scaffold
     saver = summary = None
     if run.is_chief:
-        saver = scaffold.saver or tf1.train.Saver(max_to_keep=config.keep_checkpoint_max,
-                                                  keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
-                                                  save_relative_paths=True)
+        saver = scaffold.saver or run.saver(max_to_keep=config.keep_checkpoint_max,
+                                            keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours)
         writer = tf1.summary.FileWriterCache.get(estimator.model_dir)
         tf1.summary.scalar("loss", spec.loss)
         summary_op = scaffold.summary_op if scaffold.summary_op is not None else tf1.summary.merge_all()

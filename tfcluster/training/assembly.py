@@ -11,7 +11,8 @@ but run them by one recipe, what TF 1.x's Scaffold and
 - a trainer's server, configured by its strategy (towers' virtual devices, a
   collective group's leader), and the wait for the ps tasks it needs;
 - the chief's checkpoint dir, made writable (and its last run's done marker
-  gone) before the graph is built;
+  gone) before the graph is built, and its Saver sharded where every ps
+  writes that dir (:mod:`.savers`);
 - the :class:`~.session.TrainingSession`: whoever the strategy says
   initialises (the chief, or every worker of an all-reduce) initialises or
   restores, the chief with its saver and dir;
@@ -31,6 +32,7 @@ from ..runtime.shutdown import serve_as_ps
 from ..topology.cluster import Role
 from .hooks import STILL_SECS, CheckpointHook, trainers_done
 from .liveness import CHIEF_TIMEOUT_SECS, heartbeat
+from .savers import checkpoint_saver, sharding
 from .session import MAX_RECOVERIES, STARTUP_TIMEOUT_SECS, STEP_TIMEOUT_SECS, TrainingSession
 
 
@@ -76,6 +78,8 @@ class RunAssembly:
         self.target = ""
         #: The chief's checkpoint hook, once :meth:`hooks` made it (its ``checkpoint`` is the run's last).
         self.checkpoints = None
+        #: Whether the chief's saves are sharded (each ps writes its own variables), once :meth:`prepare` asked.
+        self.sharded = False
 
     @property
     def saves(self) -> bool:
@@ -89,9 +93,16 @@ class RunAssembly:
             wait_for_cluster(self.cluster, timeout=self.startup_timeout)
 
     def prepare(self):
-        """The chief's checkpoint dir, writable and without its last run's done marker, before any graph."""
+        """The chief's checkpoint dir, writable and without its last run's done marker, before any graph; whether
+        every ps writes it too (after :meth:`serve`: the ps tasks answer)."""
         if self.saves:
             prepare_checkpoint_dir(self.checkpoint_dir)
+            self.sharded = sharding(self.cluster, self.target, self.checkpoint_dir)
+
+    def saver(self, **kwargs):
+        """The chief's Saver (TF's ``Saver`` keywords: ``max_to_keep`` ...), sharded where :meth:`prepare` found
+        that every ps writes the checkpoint dir."""
+        return checkpoint_saver(self.sharded, **kwargs)
 
     def session(self, train_graph, *, config, saver=None, extra_local_init=(), **scaffold) -> TrainingSession:
         """The run's TrainingSession; ``scaffold``: TF's ``init_fn`` and ``init_feed_dict``."""

@@ -225,8 +225,7 @@ class _FitRun:
             train_graph = s.build(model_fn, next_batch, optimizer, self.batch_size)
             self.metrics = SharedMetrics(train_graph)
             with s.input_scope():
-                saver = tf1.train.Saver(max_to_keep=config.keep_checkpoints, save_relative_paths=True) \
-                    if self.run.saves else None
+                saver = self.run.saver(max_to_keep=config.keep_checkpoints) if self.run.saves else None
                 summary_op = None
                 if self.run.saves and config.summary_steps:
                     tf1.summary.scalar("loss", train_graph.loss)
