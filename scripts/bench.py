@@ -150,6 +150,21 @@ def digits_accuracy(mode, wire):
     return None
 
 
+def save_seconds(megabytes=128):
+    """A full save of 2 ps' state, sharded and unsharded alternately (scripts/bench/saves.py): its BENCH line
+    (seconds per save of each, seconds per restore, the state's bytes), or None when the run failed."""
+    try:
+        run = run_local([os.path.join(BENCH, "saves.py")], ps=2, workers=1, timeout=600)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"bench: saves failed: {str(e).splitlines()[0]}", flush=True)
+        return None
+    return run["results"][0]
+
+
+#: Measurements that are not rows of examples/s, by the name ``--rows`` selects them with.
+MEASURES = {"pull": "pulling a 64 MB variable from a ps", "saves": "a full save of 2 ps' state, sharded or not"}
+
+
 # ------------------------------------------------------------------ the rows
 def rows(quick, steps):
     """``{row: (workload, system, how to run it once)}`` of this mode, in the order of the first repeat."""
@@ -300,11 +315,11 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
     reps = reps or (1 if quick else 3)
     configs = rows(quick, steps)
     if only is not None:
-        unknown = sorted(p for p in only if not fnmatch.filter(list(configs) + ["pull"], p))
+        unknown = sorted(p for p in only if not fnmatch.filter(list(configs) + list(MEASURES), p))
         if unknown:
             raise SystemExit(f"bench: no row {', '.join(unknown)} in {'quick' if quick else 'full'} mode; "
-                             f"rows: {', '.join(list(configs) + ['pull'])}")
-        only = [k for k in list(configs) + ["pull"] if any(fnmatch.fnmatch(k, p) for p in only)]
+                             f"rows: {', '.join(list(configs) + list(MEASURES))}")
+        only = [k for k in list(configs) + list(MEASURES) if any(fnmatch.fnmatch(k, p) for p in only)]
         configs = {k: v for k, v in configs.items() if k in only}
     runs = {name: [] for name in configs}
     names = list(configs)
@@ -321,7 +336,7 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
                 continue
             runs[name].append(run)
             print(f"bench: {name} rep {rep + 1}/{reps}: {rate:.0f} examples/s ({time.time() - t:.0f}s)", flush=True)
-    extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={},
+    extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={}, saves=[],
                  import_cpu={kind: [] for kind in IMPORTS}, import_rss={kind: [] for kind in IMPORTS},
                  tf1_cpu={"fork": [], "no_fork": []}, tf1_wall={"fork": [], "no_fork": []})
     pull_mb = 16 if quick else 64
@@ -335,6 +350,9 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
             wall, cpu = tf1_run_cost(fork)
             extra["tf1_wall"]["fork" if fork else "no_fork"].append(wall)
             extra["tf1_cpu"]["fork" if fork else "no_fork"].append(cpu)
+        if not quick and (only is None or "saves" in only):
+            extra["saves"].append(save_seconds())
+            print(f"bench: saves rep {rep + 1}/{reps}: {extra['saves'][-1]}", flush=True)
         if only is not None and "pull" not in only:
             continue
         extra["tcp"].append(tcp_loopback_bps(pull_mb, 2.0 if quick else 4.0))
@@ -379,7 +397,8 @@ def main():
     p.add_argument("--reps", type=int, help="repeats of every row (default 3; 1 with --quick)")
     p.add_argument("--steps", type=int, help="global steps per MLP run (default 3000; 200 with --quick)")
     p.add_argument("--rows", help="comma-separated rows or patterns to run (e.g. tfcluster_sync,tfcluster_async,pull; "
-                                  "'ctr_*' for the click-through rows; default: every row of the mode)")
+                                  "'ctr_*' for the click-through rows; saves: sharded against unsharded "
+                                  "checkpoints; default: every row of the mode)")
     p.add_argument("--readme", action="store_true", help="rewrite the README's table from this run (the "
                                                          "click-through table when only ctr_* rows ran)")
     p.add_argument("--profile", action="store_true", help="also trace where a ps step's time goes")

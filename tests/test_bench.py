@@ -134,3 +134,27 @@ def test_the_ps_peaks_are_read_from_the_launchers_line():
 def test_rows_may_be_chosen_by_pattern_and_an_unknown_one_is_one_line():
     with pytest.raises(SystemExit, match="no row nothing_\\*"):
         bench.measure(False, steps=10, reps=1, only=["ctr_*", "nothing_*"])
+
+
+def test_save_figures_pair_each_repeat_s_sharded_and_unsharded_medians():
+    # Two repeats of scripts/bench/saves.py's line: 1 GB of state, sharded saves half as long in the first.
+    saves = [dict(sharded_seconds=[1.0, 3.0, 2.0], unsharded_seconds=[4.0, 4.0, 5.0], restore_seconds=[0.5, 0.7],
+                  state_bytes=1e9),
+             dict(sharded_seconds=[2.0], unsharded_seconds=[2.5], restore_seconds=[1.0], state_bytes=1e9), None]
+    figs = figures({}, {}, {"saves": saves})
+    s1 = figs["S1 full save seconds, 2 ps: sharded / unsharded"]
+    assert (s1["min"], s1["max"], s1["n"]) == (0.5, 0.8, 2)
+    assert s1["median"] == pytest.approx(0.65) and s1["met"] is False        # the goal is <= 0.6
+    assert figs["S2 restore seconds per GB of ps state (sharded)"]["median"] == pytest.approx(0.8)
+
+
+@pytest.mark.timeout(180)
+def test_the_saves_measure_runs_on_2_ps_and_reports_paired_seconds(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "tfcluster", "local", "--ps", "2", "--workers", "1", "--log-dir",
+                        str(tmp_path / "logs"), "--", sys.executable, "scripts/bench/saves.py"], cwd=REPO,
+                       capture_output=True, text=True, timeout=170, env=base_env(BENCH_SAVE_MB=8,
+                                                                                 BENCH_SAVE_REPEATS=2))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    line = runs.parse_bench(r.stdout)[0]
+    assert len(line["sharded_seconds"]) == len(line["unsharded_seconds"]) == len(line["restore_seconds"]) == 2
+    assert line["state_bytes"] == 2 * (8 << 20)

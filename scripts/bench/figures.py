@@ -20,12 +20,13 @@ PANELS = {
     "hvd": "Horovod TF 1.x program (TF1 mode): the digits CNN, batch 128 per rank, 2 workers",
     "startup": "start-up and teardown, seconds",
     "pull": "pulling a 64 MB variable from a ps",
+    "saves": "a full save of 2 ps' state (a 128 MB table and its slot, in 8 MB parts over both ps)",
     "accuracy": "README example (digits): test accuracy points, bfloat16 - float32 wire",
 }
 
 #: Colours: tfcluster in one, each peer in its own (Paul Tol's bright scheme, readable when printed grey).
 COLOURS = {"tfcluster": "#4477aa", "raw TF1": "#ee6677", "TF2 PSS": "#228833", "one process": "#ccbb44",
-           "TCP": "#66ccee", "plain TF": "#aa3377"}
+           "TCP": "#66ccee", "plain TF": "#aa3377", "unsharded": "#bbbbbb"}
 
 #: Throughput rows grouped by what is compared, for the absolute plot.
 GROUPS = {
@@ -254,6 +255,17 @@ def _startup(out, runs, extra, add):
         add("P7 ps pull bytes/s / TCP loopback bytes/s", ratio(extra["pull"], extra["tcp"]), "pull", "TCP", ">= 0.5")
         add("P7 one whole variable, as plain TF places it / TCP", ratio(extra["pull_whole"], extra["tcp"]), "pull",
             "plain TF", "peer")
+    saves = [r for r in extra.get("saves") or [] if r]
+    if saves:
+        add("S1 full save seconds, 2 ps: sharded / unsharded",
+            [statistics.median(r["sharded_seconds"]) / statistics.median(r["unsharded_seconds"]) for r in saves],
+            "saves", "unsharded", "<= 0.6")
+        add("S2 restore seconds per GB of ps state (sharded)",
+            [statistics.median(r["restore_seconds"]) / (r["state_bytes"] / 1e9) for r in saves], "saves",
+            "tfcluster", "measured", unit="s")
+        add("S2 save seconds per GB of ps state (sharded)",
+            [statistics.median(r["sharded_seconds"]) / (r["state_bytes"] / 1e9) for r in saves], "saves",
+            "tfcluster", "measured", unit="s")
     acc = extra.get("accuracy") or {}
     for mode in ("sync", "async"):
         a, b = acc.get(f"{mode}_bfloat16"), acc.get(f"{mode}_float32")
