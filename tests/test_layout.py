@@ -34,6 +34,8 @@ LAYERS = [
     [("runtime", [["runtime.server", "runtime.checkpoints", "runtime.preemption"], ["runtime.shutdown"],
                   ["runtime"]])],
     [("data", [["data.pipeline", "data.loaders"], ["data"]])],
+    [("embedding", [["embedding.options"], ["embedding.variable"], ["embedding.saving", "embedding.updates"],
+                    ["embedding"]])],
     [("graph", [["graph.model", "graph.placement", "graph.wire", "graph.inplace_reads", "graph.lazy_adam",
                 "graph.step"], ["graph.repartition"], ["graph.sparse", "graph.traffic"],
                 ["graph"]])],

@@ -29,6 +29,9 @@ _LAZY = {
     "PlacementReport": "graph.placement", "device_setter": "graph.placement",
     "partition_big_variables": "graph.placement",
     "TrafficHook": "graph.traffic", "step_traffic": "graph.traffic",
+    "get_embedding_variable": "embedding", "embedding_lookup": "embedding",
+    "EmbeddingVariableOption": "embedding", "InitializerOption": "embedding", "CounterFilter": "embedding",
+    "CBFFilter": "embedding", "GlobalStepEvict": "embedding", "L2WeightEvict": "embedding",
 }
 
 

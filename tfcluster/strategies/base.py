@@ -127,6 +127,21 @@ class Strategy(abc.ABC):
         """One line for logs."""
         return self.name
 
+    @property
+    def trains_embedding_variables(self) -> bool:
+        """Whether this strategy trains embedding variables (tfcluster.embedding): one process, and async ps."""
+        return False
+
+
+def refuse_embedding_variables(strategy: Strategy):
+    """One line when the model made embedding variables and ``strategy`` cannot train them."""
+    from ..core.errors import SpecError
+    from ..embedding import embedding_variables
+    if embedding_variables() and not strategy.trains_embedding_variables:
+        names = ", ".join(v.name for v in embedding_variables())
+        raise SpecError(f"embedding variables ({names}) train in one process or under the async ps strategy; "
+                        f"{strategy.describe()} cannot train them yet (docs/embeddings.md)")
+
 
 def build_single_replica(strategy: Strategy, model_fn, next_batch, optimizer, per_replica_batch):
     """The part every one-replica-per-worker strategy shares.
@@ -136,12 +151,15 @@ def build_single_replica(strategy: Strategy, model_fn, next_batch, optimizer, pe
     ``strategy.towers`` the replica is one per local device, their gradients summed.
     """
     if strategy.towers is not None:
-        return strategy.towers.build(strategy, model_fn, next_batch, optimizer, per_replica_batch).as_tuple()
+        built = strategy.towers.build(strategy, model_fn, next_batch, optimizer, per_replica_batch).as_tuple()
+        refuse_embedding_variables(strategy)
+        return built
     import tensorflow as tf
     tf1 = tf.compat.v1
     global_step = tf1.train.get_or_create_global_step()
     features, labels = next_batch()
     out = call_model_fn(model_fn, features, labels, Mode.TRAIN)
+    refuse_embedding_variables(strategy)
     scaled, mean = replica_loss(out, strategy.replica_context(per_replica_batch))
     opt = make_optimizer(optimizer)
     update_ops = list(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)) + metric_updates(out)

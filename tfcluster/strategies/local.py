@@ -8,6 +8,7 @@ class LocalStrategy(Strategy):
     """One process and no cluster: plain ``apply_gradients`` on the scaled loss (towers, if asked, share it)."""
 
     name = "local"
+    trains_embedding_variables = True
 
     def bind(self, cluster) -> "Strategy":
         """A local strategy ignores any cluster: it always trains alone."""

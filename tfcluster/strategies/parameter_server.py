@@ -136,6 +136,11 @@ class ParameterServerStrategy(Strategy):
             stack.enter_context(spread_over_ps(self.cluster, self.partition_min_bytes, self.max_shard_bytes))
             yield
 
+    @property
+    def trains_embedding_variables(self) -> bool:
+        """Async only: a sync step aggregates variables' gradients, and embedding rows are not variables yet."""
+        return self.mode == "async" and self.towers is None
+
     def describe(self) -> str:
         """e.g. ``ps-sync: 2 of 2 workers per step, 1 ps``."""
         ps = self.cluster.num_tasks("ps") if self.cluster else 0

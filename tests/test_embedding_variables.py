@@ -1,0 +1,184 @@
+"""Embedding variables: a row per id, created when training admits the id, trained sparsely, evicted and saved by
+each part, restored into any number of parts.
+
+The one-process tests compare each optimizer's rows with TensorFlow's own update of an ordinary table holding the
+same rows; the cluster test trains on 2 ps + 2 workers and restores the chief's checkpoint in one process.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import tfcluster
+from tfcluster.graph.lazy_adam import lazy_adam_optimizer
+from conftest import REPO, data_files, run_local
+
+tf = pytest.importorskip("tensorflow")
+tf1 = tf.compat.v1
+PROGRAM = os.path.join(REPO, "tests", "programs", "embedding_variables.py")
+
+
+def _graph(parts=2, option=None, optimizer=None, dim=4):
+    """A graph of one embedding variable looked up by a batch of ids, trained toward rows of ones."""
+    graph = tf1.Graph()
+    with graph.as_default():
+        step = tf1.train.get_or_create_global_step()
+        ev = tfcluster.get_embedding_variable("ev", dim, partitions=parts, seed=1, ev_option=option)
+        ids = tf1.placeholder(tf.int64, [None])
+        rows = tfcluster.embedding_lookup(ev, ids)
+        loss = tf.reduce_sum(tf.square(rows - 1.0))
+        train = (optimizer or tf1.train.AdagradOptimizer(0.5)).minimize(loss, global_step=step)
+        saver = tf1.train.Saver()
+    return graph, ev, ids, rows, train, saver
+
+
+OPTIMIZERS = {
+    "GradientDescent": (lambda: tf1.train.GradientDescentOptimizer(0.1),) * 2,
+    "Adagrad": (lambda: tf1.train.AdagradOptimizer(0.1),) * 2,
+    "Ftrl": (lambda: tf1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.001, l2_regularization_strength=0.01,
+                                             l2_shrinkage_regularization_strength=0.001),) * 2,
+    # Adam trains a row's moments when the row is touched, as LazyAdam does a table's (Adam's decay of every row
+    # at every step would need every row).
+    "Adam": (lambda: tf1.train.AdamOptimizer(0.01), lambda: lazy_adam_optimizer()(0.01)),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_each_optimizer_trains_the_rows_as_tensorflow_trains_a_table_holding_them(name):
+    ours, theirs = OPTIMIZERS[name]
+    graph = tf1.Graph()
+    with graph.as_default():
+        step = tf1.train.get_or_create_global_step()
+        ev = tfcluster.get_embedding_variable("ev", 4, partitions=2, seed=1)
+        table = tf1.get_variable("table", [50, 4])
+        ids = tf1.placeholder(tf.int64, [None, 3])
+        labels = tf1.placeholder(tf.float32, [None])
+
+        def loss(rows):
+            return tf.reduce_mean(tf.square(tf.reduce_sum(rows, [1, 2]) - labels))
+        train = ours().minimize(loss(ev.lookup(ids)), global_step=step)
+        reference = theirs().minimize(loss(tf.nn.embedding_lookup(table, ids)))
+        every = np.arange(50)[:, None]
+        with tf1.Session() as session:
+            session.run(tf1.global_variables_initializer())
+            session.run(table.assign(ev.initial[:50]))       # each id's row starts as row id mod 4096 of these
+            rng = np.random.RandomState(0)
+            for _ in range(6):
+                feed = {ids: rng.randint(0, 50, (8, 3)), labels: rng.randn(8)}
+                session.run([train, reference], feed)
+            got, want = session.run([ev.lookup(every), tf.nn.embedding_lookup(table, every)])
+            assert session.run(step) == 6
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _saved(path, name):
+    return tf.train.load_checkpoint(path).get_tensor(name)
+
+
+def test_an_id_reads_the_default_until_training_saw_it_filter_freq_times_and_only_admitted_ids_have_rows(tmp_path):
+    option = tfcluster.EmbeddingVariableOption(filter_option=tfcluster.CounterFilter(filter_freq=3))
+    graph, ev, ids, rows, train, saver = _graph(option=option)
+    with tf1.Session(graph=graph) as session:
+        session.run(tf1.global_variables_initializer())
+        read = []
+        for _ in range(3):
+            session.run(train, {ids: [1, 1, 2]})         # id 1 twice a step, id 2 once
+            read.append(session.run(rows, {ids: [1, 2]})[:, 0])
+        path = saver.save(session, str(tmp_path / "m"))
+    assert read[0].tolist() == [0.0, 0.0]                          # seen 2 and 1 times: the default, no row
+    assert read[1][0] != 0.0 and read[1][1] == 0.0                 # 4 times: a row, trained; 2 times: none yet
+    assert read[2][1] != 0.0                                       # 3 times: admitted
+    # Each part saves its admitted ids with their rows and counts, and the others' counts alone.
+    assert _saved(path, "ev/part_1-keys").tolist() == [1] and _saved(path, "ev/part_1-freqs").tolist() == [6]
+    assert _saved(path, "ev/part_0-keys").tolist() == [2] and _saved(path, "ev/part_0-freqs").tolist() == [3]
+    assert _saved(path, "ev/part_1-values").shape == (1, 4) and _saved(path, "ev/part_1-slots").shape == (1, 8)
+
+
+def test_a_save_evicts_rows_untouched_for_steps_to_live_and_they_start_over_from_the_default(tmp_path):
+    option = tfcluster.EmbeddingVariableOption(filter_option=tfcluster.CounterFilter(filter_freq=2),
+                                               evict_option=tfcluster.GlobalStepEvict(steps_to_live=5))
+    graph, ev, ids, rows, train, saver = _graph(option=option)
+    with graph.as_default():
+        size = tf.add_n([tf.raw_ops.LookupTableSizeV2(table_handle=p.values) for p in ev.parts])
+        seen = tf.add_n([tf.raw_ops.LookupTableSizeV2(table_handle=p.meta) for p in ev.parts])
+    with tf1.Session(graph=graph) as session:
+        session.run(tf1.global_variables_initializer())
+        session.run(train, {ids: [1, 1, 2, 2, 3]})            # 1 and 2 admitted at step 0, 3 seen once
+        for _ in range(8):
+            session.run(train, {ids: [2, 2]})                 # 2 stays in use until step 8
+        assert session.run([size, seen]) == [2, 3]
+        saver.save(session, str(tmp_path / "m"))
+        assert session.run([size, seen]) == [1, 1]            # ids 1 and 3 (step 0) are gone; 2 (step 8) stays
+        assert session.run(rows, {ids: [1]})[0, 0] == 0.0     # id 1 is a stranger again
+
+
+def test_a_save_evicts_rows_whose_weights_l2_norm_is_below_the_threshold(tmp_path):
+    option = tfcluster.EmbeddingVariableOption(evict_option=tfcluster.L2WeightEvict(l2_weight_threshold=0.5))
+    graph, ev, ids, rows, train, saver = _graph(option=option, optimizer=tf1.train.GradientDescentOptimizer(0.1))
+    with tf1.Session(graph=graph) as session:
+        session.run(tf1.global_variables_initializer())
+        for _ in range(10):
+            session.run(train, {ids: [4]})                    # id 4 trained toward ones: norm near 2
+        session.run(train, {ids: [5]})                        # id 5 one step from its small initial row
+        path = saver.save(session, str(tmp_path / "m"))
+    assert _saved(path, "ev/part_0-keys").tolist() == [4]
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_a_checkpoint_of_two_parts_restores_into_any_number_of_parts_with_the_same_lookups(tmp_path, parts):
+    option = tfcluster.EmbeddingVariableOption(filter_option=tfcluster.CounterFilter(filter_freq=2))
+    graph, ev, ids, rows, train, saver = _graph(option=option, optimizer=tf1.train.AdamOptimizer(0.1))
+    every = list(range(20))
+    with tf1.Session(graph=graph) as session:
+        session.run(tf1.global_variables_initializer())
+        rng = np.random.RandomState(0)
+        for _ in range(10):
+            session.run(train, {ids: rng.randint(0, 20, 12)})
+        path = saver.save(session, str(tmp_path / "m"))
+        want = session.run(rows, {ids: every})
+        session.run(train, {ids: every})
+        want_next = session.run(rows, {ids: every})           # the slots and counts came back too
+    graph, ev, ids, rows, train, saver = _graph(parts=parts, option=option, optimizer=tf1.train.AdamOptimizer(0.1))
+    with tf1.Session(graph=graph) as session:
+        saver.restore(session, path)
+        np.testing.assert_array_equal(session.run(rows, {ids: every}), want)
+        session.run(train, {ids: every})
+        np.testing.assert_allclose(session.run(rows, {ids: every}), want_next, rtol=1e-6)
+
+
+def test_ids_of_the_wrong_kind_and_options_tfcluster_does_not_serve_are_one_line_each():
+    with tf1.Graph().as_default():
+        ev = tfcluster.get_embedding_variable("ev", 4)
+        with pytest.raises(tfcluster.SpecError, match="embedding variable ev is keyed by int64, and was looked up "
+                                                      "with string ids"):
+            ev.lookup(tf.constant(["a"]))
+        with pytest.raises(tfcluster.SpecError, match="ids must be int64, int32 or strings, not float32"):
+            ev.lookup(tf.constant([1.0]))
+        fed = tf1.placeholder(tf.int64, [None])
+        looked_up = ev.lookup(fed)
+        with tf1.Session() as session, pytest.raises(tf.errors.InvalidArgumentError,
+                                                     match="embedding variable ev: negative ids"):
+            session.run(looked_up, {fed: [3, -1]})
+        loss = tf.reduce_sum(ev.lookup(tf.constant([1], tf.int64)))
+        with pytest.raises(tfcluster.SpecError, match="embedding variable ev: MomentumOptimizer cannot train it; "
+                                                      "GradientDescent, Adagrad, Ftrl, Adam and LazyAdam"):
+            tf1.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+    with pytest.raises(tfcluster.SpecError, match="storage_option .* is DeepRec's own and not served"):
+        tfcluster.EmbeddingVariableOption(storage_option=object())
+
+
+def test_string_ids_get_rows_of_their_own():
+    with tf1.Graph().as_default():
+        ev = tfcluster.get_embedding_variable("ev", 2, key_dtype=tf.string, partitions=2)
+        loss = tf.reduce_sum(ev.lookup(tf.constant(["user:7", "item:9"])))
+        train = tf1.train.GradientDescentOptimizer(1.0).minimize(loss)
+        read = ev.lookup(tf.constant(["user:7", "item:9", "new"]))
+        with tf1.Session() as session:
+            session.run(tf1.global_variables_initializer())
+            before = session.run(read)
+            session.run(train)
+            after = session.run(read)
+    np.testing.assert_allclose(after[:2], before[:2] - 1.0, rtol=1e-6)     # each trained once, by its own gradient
+    np.testing.assert_array_equal(after[2], before[2])

@@ -1,0 +1,196 @@
+"""An embedding variable in checkpoints: each part saved by its own ps, rows evicted as it saves.
+
+A part saves DeepRec's layout under its name (``<variable>/part_<i>``):
+``-keys``, ``-values`` (weights), ``-slots``, ``-freqs``, ``-versions`` for
+the ids that have a row, and ``-keys_filtered``, ``-freqs_filtered``,
+``-versions_filtered`` for the ids training saw but has not admitted yet. The
+rows are read in one lookup of the part's table, so a row's weights and slots
+are of one moment even while async training writes it. Before it is saved a
+part drops, from both tables, the rows its eviction option names: untouched
+for more than ``steps_to_live`` global steps (the newest step the part saw
+where the graph has no global step), or weights of L2 norm below
+``l2_weight_threshold`` (DeepRec evicts at each save as well). A restore puts
+back exactly what was saved.
+"""
+
+import functools
+
+from ..core import patches
+from .variable import Part
+
+#: The names a part saves, in its saveable's order.
+FIELDS = ("keys", "values", "slots", "freqs", "versions", "keys_filtered", "freqs_filtered", "versions_filtered")
+
+
+def _saveable_class():
+    from tensorflow.python.training.saving import saveable_object
+
+    class PartSaveable(saveable_object.SaveableObject):
+        """One part's tables as checkpoint tensors (see the module doc)."""
+
+        def __init__(self, part: Part):
+            self.part = part
+            tensors = saved_tensors(part)
+            specs = [saveable_object.SaveSpec(t, "", f"{part.name}-{field}", device=part.device)
+                     for field, t in zip(FIELDS, tensors)]
+            super().__init__(part.values, specs, part.name)
+
+        def restore(self, restored_tensors, restored_shapes):
+            return restore_part(self.part, *restored_tensors)
+    return PartSaveable
+
+
+_CLASS = []
+
+
+def _saveable_class_cached():
+    """The SaveableObject class (made once TensorFlow is imported)."""
+    if not _CLASS:
+        _CLASS.append(_saveable_class())
+    return _CLASS[0]
+
+
+def saveable(part: Part):
+    """The SaveableObject of ``part``."""
+    return _saveable_class_cached()(part)
+
+
+def saved_tensors(part: Part) -> list:
+    """The tensors of :data:`FIELDS`, after this save's eviction."""
+    import tensorflow as tf
+    v = part.variable
+    with tf.device(part.device), tf.name_scope(f"save_{part.name.replace('/', '_')}"):
+        keys, meta = tf.raw_ops.LookupTableExportV2(table_handle=part.meta, Tkeys=v.key_dtype, Tvalues=tf.int64)
+        keys, meta = tf.reshape(keys, [-1]), tf.reshape(meta, [-1, 2])
+        rows, present = part.find(keys)
+        versions = meta[:, 1]
+        evict = tf.zeros_like(present)
+        if v.option.steps_to_live is not None:
+            step = tf.compat.v1.train.get_global_step(part.variable.graph)
+            # Without a global step, the newest step this part saw stands for it.
+            now = tf.cast(step, tf.int64) if step is not None else tf.reduce_max(tf.concat([versions, [0]], 0))
+            evict = tf.logical_or(evict, now - versions > v.option.steps_to_live)
+        if v.option.l2_weight_threshold is not None:
+            small = tf.norm(tf.where(present[:, None], rows[:, :v.dim], 0.0), axis=1) < v.option.l2_weight_threshold
+            evict = tf.logical_or(evict, tf.logical_and(present, small))
+        gone = tf.boolean_mask(keys, evict)
+        removed = [tf.raw_ops.LookupTableRemoveV2(table_handle=part.values, keys=gone),
+                   tf.raw_ops.LookupTableRemoveV2(table_handle=part.meta, keys=gone)]
+        with tf.control_dependencies(removed):
+            kept = tf.logical_not(evict)
+            row = tf.logical_and(kept, present)
+            filtered = tf.logical_and(kept, tf.logical_not(present))
+            d = v.dim
+            return [tf.boolean_mask(keys, row), tf.boolean_mask(rows[:, :d], row), tf.boolean_mask(rows[:, d:], row),
+                    tf.boolean_mask(meta[:, 0], row), tf.boolean_mask(versions, row),
+                    tf.boolean_mask(keys, filtered), tf.boolean_mask(meta[:, 0], filtered),
+                    tf.boolean_mask(versions, filtered)]
+
+
+def restore_part(part: Part, keys, values, slots, freqs, versions, keys_filtered, freqs_filtered,
+                 versions_filtered, which=None):
+    """The op replacing ``part``'s tables by these saved tensors; ``which``: a mask of the ids it keeps."""
+    import tensorflow as tf
+    v = part.variable
+    with tf.device(part.device):
+        keys, keys_filtered = tf.reshape(keys, [-1]), tf.reshape(keys_filtered, [-1])
+        rows = tf.concat([tf.reshape(values, [-1, v.dim]), tf.reshape(slots, [-1, v.width - v.dim])], 1)
+        all_keys = tf.concat([keys, keys_filtered], 0)
+        meta = tf.stack([tf.concat([freqs, freqs_filtered], 0), tf.concat([versions, versions_filtered], 0)], 1)
+        if which is not None:
+            mine, mine_all = which(keys), which(all_keys)
+            keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
+            all_keys, meta = tf.boolean_mask(all_keys, mine_all), tf.boolean_mask(meta, mine_all)
+        rows = tf.reshape(rows, [-1, v.width])
+        return tf.group(tf.raw_ops.LookupTableImportV2(table_handle=part.values, keys=keys, values=rows),
+                        tf.raw_ops.LookupTableImportV2(table_handle=part.meta, keys=all_keys,
+                                                       values=tf.reshape(meta, [-1, 2])))
+
+
+def saved_parts(names, variable) -> int:
+    """How many parts of ``variable`` a checkpoint holding tensor ``names`` saved."""
+    n = 0
+    while f"{variable.name}/part_{n}-keys" in names:
+        n += 1
+    return n
+
+
+def _read_part(prefix, name: str, variable):
+    """The saved tensors of part ``name`` of ``variable`` (RestoreV2 on the current device)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import io_ops
+    key = variable.key_dtype
+    dtypes = [key, tf.float32, tf.float32, tf.int64, tf.int64, key, tf.int64, tf.int64]
+    return io_ops.restore_v2(prefix, [f"{name}-{f}" for f in FIELDS], [""] * len(FIELDS), dtypes)
+
+
+def _fill_ops(variables, names, prefix) -> list:
+    """Ops that fill every part of ``variables`` from every saved part, each part keeping its own ids."""
+    import tensorflow as tf
+    ops = []
+    for v in variables:
+        count = saved_parts(names, v)
+        for part in v.parts:
+            with tf.device(part.device):
+                saved = [_read_part(prefix, f"{v.name}/part_{j}", v) for j in range(count)]
+                tensors = [tf.concat([s[i] for s in saved], 0) for i in range(len(FIELDS))] if saved else None
+            if tensors is None:
+                continue
+            index = part.index
+
+            def mine(keys, v=v, index=index):
+                return tf.equal(v.part_of(keys), index)
+            ops.append(restore_part(part, *tensors, which=mine))
+    return ops
+
+
+def remap_restore(saver, sess, prefix: str) -> bool:
+    """Restore ``prefix`` through ``saver`` with each embedding variable read by id from however many parts saved
+    it; False (nothing done) when the parts saved are the parts now, so the Saver's own restore is right."""
+    import tensorflow as tf
+    var_list = saver._var_list or []
+    ours = [s for s in var_list if isinstance(s, _saveable_class_cached())]
+    if not ours:
+        return False
+    try:
+        names = set(tf.train.load_checkpoint(prefix).get_variable_to_dtype_map())
+    except (tf.errors.OpError, ValueError):
+        return False        # Saver.restore says what is wrong in its own words
+    variables = list({id(s.part.variable): s.part.variable for s in ours}.values())
+    if all(saved_parts(names, v) == len(v.parts) for v in variables):
+        return False
+    graph = sess.graph
+    finalized = graph.finalized
+    if finalized:
+        graph._unsafe_unfinalize()      # the session was made from a finalized graph; it runs the added ops too
+    try:
+        with graph.as_default(), tf.control_dependencies(None), tf.compat.v1.name_scope("tfcluster_ev_restore"):
+            fill = tf.group(*_fill_ops(variables, names, prefix))
+            rest = [s for s in var_list if not isinstance(s, _saveable_class_cached())]
+            others = tf.compat.v1.train.Saver(rest, sharded=saver._sharded, allow_empty=True) if rest else None
+    finally:
+        if finalized:
+            graph.finalize()
+    sess.run(fill)
+    if others is not None:
+        others.restore(sess, prefix)
+    return True
+
+
+def _restoring(restore):
+    @functools.wraps(restore)
+    def restoring(self, sess, save_path):
+        if sess is None or save_path is None or self._is_empty or not remap_restore(self, sess, str(save_path)):
+            return restore(self, sess, save_path)
+    return restoring
+
+
+patches.register(patches.Patch(
+    "embedding.restore", "tensorflow.python.training.saver:Saver.restore",
+    "a restore reads an embedding variable saved in another number of parts by id", _restoring,
+    "the first embedding variable a graph makes", params=("self", "sess", "save_path")))
+
+
+def install():
+    """Restore embedding variables by id from any number of saved parts (once per process)."""
+    patches.install("embedding.restore")

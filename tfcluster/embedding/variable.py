@@ -1,0 +1,184 @@
+"""An embedding variable: a row per id in hash tables on the ps, created when training first meets the id.
+
+Each part (one per ps, by ``id mod parts``; string ids by their hash) is two
+of TF's mutable hash tables on that ps, named by the variable so every worker's
+graph reaches the same ones: ``values`` maps an id to its row, the weights and
+the optimizer's slots side by side (``embedding_dim * (1 + slots)`` floats: a
+row is read and written whole, so its weights and slots always come from one
+moment, also in a save during async training), and ``meta`` maps every id
+training looked up to ``[count, last global step]``, for admission and
+eviction. A lookup reads: an admitted id's row, or, for an id training has not
+yet admitted, ``default_value_no_permission``; an admitted id with no row yet
+reads row ``id mod default_value_dim`` of one initial matrix (DeepRec's
+InitializerOption). Nothing is written by a lookup: the optimizer's update
+(:mod:`.updates`) counts the ids, creates and trains the rows, so evaluation
+and serving graphs never change the tables.
+
+A zero-size variable of the same name stands for the table among the trainable
+variables, so an optimizer's ``var_list`` (a scope's variables, as wide & deep
+splits them) decides which optimizer trains it, as for any variable.
+"""
+
+import weakref
+
+from ..core.errors import SpecError
+from .options import EmbeddingVariableOption
+
+#: Per graph, its embedding variables and every lookup a training update may follow, ``(variable, part, ids,
+#: counts, rows)``; kept here, not in graph collections, which a meta graph export would try to serialise.
+_GRAPHS = weakref.WeakKeyDictionary()
+#: Room for the slots of any optimizer served (Ftrl and Adam keep two per weight).
+SLOTS = 2
+
+
+class EmbeddingVariable:
+    """A table of ``embedding_dim``-float rows keyed by int64 or string ids, split by id over ``parts`` devices."""
+
+    def __init__(self, name: str, embedding_dim: int, key_dtype=None, initializer=None, ev_option=None,
+                 parts: int = 1, devices=None, trainable: bool = True, seed=None):
+        import tensorflow as tf
+        tf1 = tf.compat.v1
+        if int(embedding_dim) < 1:
+            raise SpecError(f"embedding variable {name}: embedding_dim must be at least 1, not {embedding_dim}")
+        self.key_dtype = tf.as_dtype(key_dtype or tf.int64)
+        if self.key_dtype not in (tf.int64, tf.int32, tf.string):
+            raise SpecError(f"embedding variable {name}: key_dtype must be tf.int64, tf.int32 or tf.string, "
+                            f"not {self.key_dtype.name}")
+        if self.key_dtype == tf.int32:
+            self.key_dtype = tf.int64       # one key type on the ps; int32 ids are cast
+        self.option = ev_option or EmbeddingVariableOption()
+        self.dim, self.slots, self.trainable = int(embedding_dim), SLOTS, trainable
+        self.width = self.dim * (1 + self.slots)
+        devices = list(devices or [None] * max(1, int(parts)))
+        init = self.option.init_option
+        initializer = initializer or init.initializer or tf1.truncated_normal_initializer(stddev=0.05, seed=seed)
+        self.anchor = tf1.get_variable(name, shape=[0], dtype=tf.float32, initializer=tf1.zeros_initializer(),
+                                       trainable=trainable)
+        self.name = self.anchor.op.name
+        self.graph = self.anchor.graph
+        with tf1.device(devices[0]):
+            self.initial = tf1.get_variable(f"{name}/initial_values", [init.default_value_dim, self.dim],
+                                            initializer=initializer, trainable=False)
+        self.parts = [Part(self, i, d) for i, d in enumerate(devices)]
+        of_graph(self.graph)["variables"].append(self)
+
+    def __repr__(self):
+        return f"<EmbeddingVariable {self.name} dim={self.dim} parts={len(self.parts)}>"
+
+    @property
+    def filter_freq(self) -> int:
+        """Lookups in training before an id gets a row (at least 1)."""
+        return max(1, self.option.filter_freq)
+
+    def ids(self, ids):
+        """``ids`` as the tables' keys: int64 (int32 cast), or strings; one line for the wrong kind."""
+        import tensorflow as tf
+        ids = ids if isinstance(ids, tf.Tensor) else tf.convert_to_tensor(ids)
+        if (ids.dtype == tf.string) != (self.key_dtype == tf.string):
+            raise SpecError(f"embedding variable {self.name} is keyed by {self.key_dtype.name}, and was looked up "
+                            f"with {ids.dtype.name} ids")
+        if ids.dtype == tf.string:
+            return ids
+        if ids.dtype not in (tf.int64, tf.int32):
+            raise SpecError(f"embedding variable {self.name}: ids must be int64, int32 or strings, not "
+                            f"{ids.dtype.name}")
+        ids = tf.cast(ids, tf.int64)
+        check = tf.debugging.assert_non_negative(ids, message=f"embedding variable {self.name}: negative ids")
+        with tf.control_dependencies([check]):
+            return tf.identity(ids)
+
+    def part_of(self, ids):
+        """Which part holds each id (int32): ``id mod parts``, or a string's hash mod parts."""
+        import tensorflow as tf
+        n = len(self.parts)
+        if ids.dtype == tf.string:
+            return tf.cast(tf.strings.to_hash_bucket_fast(ids, n), tf.int32)
+        return tf.cast(ids % n, tf.int32)
+
+    def lookup(self, ids, name=None):
+        """The rows of ``ids`` (any shape), shape ``ids.shape + [embedding_dim]``."""
+        import tensorflow as tf
+        with tf.name_scope(name or f"{self.name.split('/')[-1]}_lookup"):
+            ids = self.ids(ids)
+            flat = tf.reshape(ids, [-1])
+            unique, index, counts = tf.unique_with_counts(flat, out_idx=tf.int32)
+            which = self.part_of(unique)
+            n = len(self.parts)
+            keys = tf.dynamic_partition(unique, which, n)
+            counts = tf.dynamic_partition(tf.cast(counts, tf.int64), which, n)
+            positions = tf.dynamic_partition(tf.range(tf.size(unique)), which, n)
+            rows = []
+            for part, k, c in zip(self.parts, keys, counts):
+                with tf.device(part.device):
+                    r = part.read(k)
+                rows.append(r)
+                if self.trainable:
+                    of_graph(self.graph)["lookups"].append((self, part, k, c, r))
+            found = tf.dynamic_stitch(positions, rows)
+            out = tf.gather(found, index)
+            return tf.reshape(out, tf.concat([tf.shape(ids), [self.dim]], 0))
+
+
+class Part:
+    """One part of an embedding variable: its two tables on one device."""
+
+    def __init__(self, variable: EmbeddingVariable, index: int, device):
+        import tensorflow as tf
+        self.variable, self.index, self.device = variable, index, device
+        self.name = f"{variable.name}/part_{index}"
+        with tf.device(device):
+            self.values = tf.raw_ops.MutableHashTableOfTensorsV2(
+                shared_name=self.name, key_dtype=variable.key_dtype, value_dtype=tf.float32,
+                value_shape=[variable.width], name=f"{variable.name.split('/')[-1]}_part_{index}_values")
+            self.meta = tf.raw_ops.MutableHashTableOfTensorsV2(
+                shared_name=self.name + "/meta", key_dtype=variable.key_dtype, value_dtype=tf.int64,
+                value_shape=[2], name=f"{variable.name.split('/')[-1]}_part_{index}_meta")
+
+    def find(self, keys):
+        """``(rows, present)``: the stored rows of ``keys`` (weights and slots) and whether each has one."""
+        import tensorflow as tf
+        # An absent row reads NaN first: a row's first weight is never NaN while training is sound.
+        absent = tf.concat([[float("nan")], tf.zeros([self.variable.width - 1])], 0)
+        rows = tf.reshape(tf.raw_ops.LookupTableFindV2(table_handle=self.values, keys=keys, default_value=absent),
+                          [-1, self.variable.width])
+        return rows, tf.logical_not(tf.math.is_nan(rows[:, 0]))
+
+    def counts(self, keys):
+        """``[count, last step]`` of each of ``keys`` (``[0, -1]`` for an id training never looked up)."""
+        import tensorflow as tf
+        return tf.reshape(tf.raw_ops.LookupTableFindV2(table_handle=self.meta, keys=keys,
+                                                       default_value=tf.constant([0, -1], tf.int64)), [-1, 2])
+
+    def initial_rows(self, keys):
+        """Row ``id mod default_value_dim`` of the initial matrix for each of ``keys``."""
+        import tensorflow as tf
+        d = self.variable.option.init_option.default_value_dim
+        at = tf.strings.to_hash_bucket_fast(keys, d) if keys.dtype == tf.string else keys % d
+        return tf.gather(self.variable.initial, at)
+
+    def read(self, keys):
+        """The weights a lookup of ``keys`` reads (see the module doc)."""
+        import tensorflow as tf
+        v = self.variable
+        rows, present = self.find(keys)
+        if v.filter_freq > 1:
+            # Unadmitted ids read the default, in training and serving alike; the update that admits one starts
+            # its row from the initial matrix (updates.py).
+            admitted = present
+        else:
+            admitted = tf.ones_like(present)
+        weights = tf.where(present[:, None], rows[:, :v.dim], self.initial_rows(keys))
+        no_permission = tf.fill(tf.shape(weights), v.option.init_option.default_value_no_permission)
+        return tf.where(admitted[:, None], weights, no_permission)
+
+
+def of_graph(graph) -> dict:
+    """``{"variables": [...], "lookups": [...]}`` of ``graph``."""
+    return _GRAPHS.setdefault(graph, {"variables": [], "lookups": []})
+
+
+def embedding_variables(graph=None) -> list:
+    """Every embedding variable of ``graph`` (the default graph)."""
+    import tensorflow as tf
+    return list(of_graph(graph or tf.compat.v1.get_default_graph())["variables"])
+
