@@ -3,6 +3,7 @@
     python examples/click_through_fit.py                        # one process
     tfcluster local --ps 2 --workers 2 -- python examples/click_through_fit.py --mode async
     tfcluster local --ps 2 --workers 2 -- python examples/click_through_fit.py --mode sync --buckets 1000000
+    tfcluster local --ps 2 --workers 2 -- python examples/click_through_fit.py --embedding-variables --filter-freq 2
 
 The click logs are made here (scripts/clicklog.py: 13 numeric and 26 categorical features, Zipf-distributed
 values, a click from a hidden rule), one TFRecord shard per trainer, read with ``tf.data`` and
@@ -10,7 +11,9 @@ values, a click from a hidden rule), one TFRecord shard per trainer, read with `
 table of ``26 x buckets`` rows: 16 numbers per row for the deep part, one weight for the wide part. The
 tables are big and each step touches a few thousand rows: tfcluster splits them into parts over the ps
 tasks (``docs/embeddings.md``), the lookup gathers each part's rows on its ps, and only those rows and
-their gradients cross the wire. Prints the AUC on the held-out file where the evaluation ran.
+their gradients cross the wire. With ``--embedding-variables`` each value gets a row of its own instead, in
+embedding variables on the ps (once seen ``--filter-freq`` times; dropped at a save once untouched for
+``--steps-to-live`` steps). Prints the AUC on the held-out file where the evaluation ran.
 """
 
 import argparse
@@ -46,19 +49,34 @@ def dense(x, units, name, activation=None, seed=None):
         return activation(y) if activation else y
 
 
-def make_model_fn(buckets, dimension=16, hidden=(256, 128)):
-    """Wide & deep: one weight per hashed value plus a DNN over the numeric features and 16-d embeddings."""
+def embedding_variable_ids(features):
+    """[batch, 26] int64 ids, one per value of every column (its 64-bit hash): no vocabulary, no shared rows."""
+    strings = tf.concat([features[name] for name in clicklog.CATEGORICAL], axis=1)   # "C3:..." names its column
+    return tf.strings.to_hash_bucket_fast(strings, 2 ** 62)
+
+
+def make_model_fn(buckets, dimension=16, hidden=(256, 128), option=None):
+    """Wide & deep: one weight per hashed value plus a DNN over the numeric features and 16-d embeddings;
+    ``option`` (an EmbeddingVariableOption): a row per value in embedding variables instead of hashed tables."""
     def model_fn(features, labels, mode):
-        ids = hashed_ids(features, buckets)
         init = tf1.truncated_normal_initializer(stddev=0.05, seed=1)
-        table = tf1.get_variable("embeddings", [COLUMNS * buckets, dimension], initializer=init)
-        wide_table = tf1.get_variable("wide", [COLUMNS * buckets, 1], initializer=tf1.zeros_initializer())
+        if option is None:
+            ids = hashed_ids(features, buckets)
+            table = tf1.get_variable("embeddings", [COLUMNS * buckets, dimension], initializer=init)
+            wide_table = tf1.get_variable("wide", [COLUMNS * buckets, 1], initializer=tf1.zeros_initializer())
+            lookup = tf.nn.embedding_lookup
+        else:
+            ids = embedding_variable_ids(features)
+            table = tfcluster.get_embedding_variable("embeddings", dimension, initializer=init, ev_option=option)
+            wide_table = tfcluster.get_embedding_variable("wide", 1, initializer=tf1.zeros_initializer(),
+                                                          ev_option=option)
+            lookup = tfcluster.embedding_lookup
         numeric = tf.concat([features[name] for name in clicklog.NUMERIC], axis=1)
-        h = tf.concat([numeric, tf.reshape(tf.nn.embedding_lookup(table, ids), [-1, COLUMNS * dimension])], 1)
+        h = tf.concat([numeric, tf.reshape(lookup(table, ids), [-1, COLUMNS * dimension])], 1)
         for i, units in enumerate(hidden):
             h = dense(h, units, f"dnn_{i}", tf.nn.relu, seed=2 + i)
         deep = dense(h, 1, "dnn_logit", seed=9)
-        wide = tf.reduce_sum(tf.nn.embedding_lookup(wide_table, ids), axis=1)
+        wide = tf.reduce_sum(lookup(wide_table, ids), axis=1)
         logits = tf.squeeze(deep + wide + tf1.get_variable("bias", [1], initializer=tf1.zeros_initializer()), 1)
         probability = tf.sigmoid(logits)
         if mode == Mode.PREDICT:
@@ -103,17 +121,28 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=1000, help="global steps (default 1000)")
     p.add_argument("--batch", type=int, default=512, help="examples per worker and step (default 512)")
     p.add_argument("--lr", type=float, default=0.05, help="Adagrad learning rate (default 0.05)")
+    p.add_argument("--embedding-variables", action="store_true",
+                   help="a row per value, created as values arrive, instead of --buckets hashed rows per column")
+    p.add_argument("--filter-freq", type=int, default=0,
+                   help="with --embedding-variables: a value gets a row once seen this many times (default 0: at once)")
+    p.add_argument("--steps-to-live", type=int, default=None,
+                   help="with --embedding-variables: each save drops rows untouched for this many steps")
     p.add_argument("--checkpoint-dir", default=None, help="default: runs/click-through")
     p.add_argument("--data-dir", default=None, help="where the TFRecord files go (default: <checkpoint-dir>_data)")
     args = p.parse_args(argv)
     if args.buckets < 1:
         p.error(f"--buckets must be at least 1, got {args.buckets}")
+    option = None
+    if args.embedding_variables:
+        option = tfcluster.EmbeddingVariableOption(
+            filter_option=tfcluster.CounterFilter(args.filter_freq) if args.filter_freq else None,
+            evict_option=tfcluster.GlobalStepEvict(args.steps_to_live) if args.steps_to_live else None)
     tf1.disable_eager_execution()
     checkpoint_dir = args.checkpoint_dir or os.path.join("runs", "click-through")
     data_dir = args.data_dir or checkpoint_dir.rstrip("/") + "_data"
     try:
         result = tfcluster.fit(
-            make_model_fn(args.buckets), train_input_fn(data_dir, args.examples),
+            make_model_fn(args.buckets, option=option), train_input_fn(data_dir, args.examples),
             strategy=None if args.mode is None else strategies.get(args.mode), steps=args.steps,
             batch_size=args.batch, optimizer=lambda: tf1.train.AdagradOptimizer(args.lr),
             checkpoint_dir=checkpoint_dir, eval_input_fn=eval_input_fn(data_dir), save_checkpoint_secs=30)
@@ -130,7 +159,7 @@ def main(argv=None):
     cluster = tfcluster.Cluster.from_tf_config() if os.environ.get("TF_CONFIG") else None
     if cluster is None or cluster.is_chief:
         # The checkpoint restores in this plain process, whole tables from their parts.
-        metrics = tfcluster.evaluate(make_model_fn(args.buckets), eval_input_fn(data_dir), checkpoint_dir)
+        metrics = tfcluster.evaluate(make_model_fn(args.buckets, option=option), eval_input_fn(data_dir), checkpoint_dir)
         print(f"click-through at step {metrics['global_step']}: auc {metrics['auc']:.4f}, "
               f"accuracy {metrics['accuracy']:.4f}")
     return 0

@@ -6,6 +6,7 @@ same rows; the cluster test trains on 2 ps + 2 workers and restores the chief's 
 """
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -17,7 +18,8 @@ from conftest import REPO, data_files, run_local
 
 tf = pytest.importorskip("tensorflow")
 tf1 = tf.compat.v1
-PROGRAM = os.path.join(REPO, "tests", "programs", "embedding_variables.py")
+EXAMPLE = os.path.join(REPO, "examples", "click_through_fit.py")
+ASYNC_SAVES = os.path.join(REPO, "tests", "programs", "embedding_async_saves.py")
 
 
 def _graph(parts=2, option=None, optimizer=None, dim=4):
@@ -169,6 +171,19 @@ def test_ids_of_the_wrong_kind_and_options_tfcluster_does_not_serve_are_one_line
         tfcluster.EmbeddingVariableOption(storage_option=object())
 
 
+def test_strategies_that_cannot_train_embedding_variables_say_so_in_one_line():
+    from tfcluster.strategies import ParameterServerStrategy, LocalStrategy
+    from tfcluster.strategies.base import refuse_embedding_variables
+    with tf1.Graph().as_default():
+        refuse_embedding_variables(ParameterServerStrategy("sync"))         # no embedding variable: nothing to say
+        tfcluster.get_embedding_variable("users", 8)
+        refuse_embedding_variables(ParameterServerStrategy("async"))
+        refuse_embedding_variables(LocalStrategy())
+        with pytest.raises(tfcluster.SpecError, match=r"embedding variables \(users\) train in one process or under "
+                                                      r"the async ps strategy; ps-sync: .* cannot train them yet"):
+            refuse_embedding_variables(ParameterServerStrategy("sync"))
+
+
 def test_string_ids_get_rows_of_their_own():
     with tf1.Graph().as_default():
         ev = tfcluster.get_embedding_variable("ev", 2, key_dtype=tf.string, partitions=2)
@@ -182,3 +197,63 @@ def test_string_ids_get_rows_of_their_own():
             after = session.run(read)
     np.testing.assert_allclose(after[:2], before[:2] - 1.0, rtol=1e-6)     # each trained once, by its own gradient
     np.testing.assert_array_equal(after[2], before[2])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_click_through_example_trains_a_row_per_value_on_two_ps_each_saving_its_ids(tmp_path, reliability):
+    ckpt = tmp_path / "ckpt"
+    code, out = run_local(tmp_path, "--ps", "2", "--workers", "2", "--timeout", "220", "--", sys.executable, EXAMPLE,
+                          "--embedding-variables", "--filter-freq", "2", "--steps", "300", "--examples", "40000",
+                          "--checkpoint-dir", str(ckpt), timeout=280)
+    assert code == 0, out[-4000:]
+    # The chief evaluates the checkpoint in one plain process: both parts' rows read into one.
+    auc = float(re.search(r"click-through at step (\d+): auc ([\d.]+)", out).group(2))
+    assert auc > 0.72, out[-2000:]
+    reliability("click_through_fit.py --embedding-variables --filter-freq 2, 300 async steps: AUC", auc)
+    assert len(data_files(ckpt)) == 2                                             # each ps saved its own part
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt)))
+    for part in (0, 1):
+        keys = reader.get_tensor(f"embeddings/part_{part}-keys")
+        assert len(keys) > 1000 and (keys % 2 == part).all()                      # split by id over the ps
+        assert (reader.get_tensor(f"embeddings/part_{part}-freqs") >= 2).all()    # admitted: seen twice or more
+        assert (reader.get_tensor(f"embeddings/part_{part}-freqs_filtered") == 1).all()
+        assert reader.get_tensor(f"embeddings/part_{part}-values").shape == (len(keys), 16)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_save_during_async_training_holds_each_row_s_weights_and_slots_of_one_moment(tmp_path, reliability):
+    # Two workers update 200 hot rows as fast as they can while the chief saves every 20 steps. Adagrad with a
+    # gradient of 1 makes a row's weights a function of its accumulator (tests/programs/embedding_async_saves.py):
+    # a row whose weights and accumulator a save took from different moments would be off by at least 0.004.
+    ckpt = tmp_path / "ckpt"
+    code, out = run_local(tmp_path, "--ps", "2", "--workers", "2", "--timeout", "220", "--", sys.executable,
+                          ASYNC_SAVES, str(ckpt), timeout=280)
+    assert code == 0, out[-4000:]
+    steps = 0.1 / np.sqrt(0.1 + np.arange(1, 100_000))
+    after = np.concatenate([[0.0], np.cumsum(steps)])        # the weights' total descent after k updates
+    prefixes = [p[:-len(".index")] for p in tf.io.gfile.glob(str(ckpt / "model.ckpt-*.index"))]
+    assert len(prefixes) >= 20, prefixes
+    worst, rows = 0.0, 0
+    for prefix in prefixes:
+        reader = tf.train.load_checkpoint(prefix)
+        initial = reader.get_tensor("hot/initial_values")
+        for part in (0, 1):
+            keys = reader.get_tensor(f"hot/part_{part}-keys")
+            weights, slots = reader.get_tensor(f"hot/part_{part}-values"), reader.get_tensor(f"hot/part_{part}-slots")
+            updates = slots[:, 0]                             # the accumulator, stored as its offset from 0.1
+            k = np.rint(updates).astype(int)
+            assert np.abs(updates - k).max() < 0.01, prefix
+            worst = max(worst, float(np.abs(weights - (initial[keys % 4096] - after[k][:, None])).max()))
+            rows += len(keys)
+    assert rows > 20 * 200 * 0.9 and worst < 1e-3, (rows, worst)
+    reliability("embedding rows checked in saves during async training (weights vs accumulator, worst error)",
+                f"{rows} rows, {worst:.1e}")
+    # The last checkpoint restores in one process and its first loss is finite (DeepRec's issue #1023 restored
+    # Adam slots near 1e38 and trained into NaN).
+    sys.path.insert(0, os.path.dirname(ASYNC_SAVES))
+    import embedding_async_saves as program
+    with tf1.Graph().as_default():
+        metrics = tfcluster.evaluate(program.model_fn, lambda ctx: program.input_fn(ctx).take(2), str(ckpt))
+    assert np.isfinite(metrics["loss"]), metrics

@@ -18,27 +18,18 @@ __all__ = ["get_embedding_variable", "embedding_lookup", "EmbeddingVariable", "E
            "embedding_variables"]
 
 
-def _devices(parts: Optional[int]):
-    """One device per part: ``/job:ps/task:<i mod ps>`` where TF_CONFIG has ps tasks, else this process's."""
-    from ..topology.cluster import Cluster
-    cluster = Cluster.from_environment()
-    ps = cluster.num_tasks("ps") if cluster is not None else 0
-    n = parts or ps or 1
-    return [f"/job:ps/task:{i % ps}" if ps else None for i in range(n)]
-
-
 def get_embedding_variable(name: str, embedding_dim: int, key_dtype=None, initializer=None, trainable: bool = True,
                            partitions: Optional[int] = None, ev_option=None, devices=None,
                            seed=None) -> EmbeddingVariable:
     """An embedding variable of ``embedding_dim``-float rows, split by id over ``partitions`` parts (default: one
-    per ps of TF_CONFIG's cluster, else one, in this process); its saveables join the graph's, and TF 1.x
+    per ps where the graph places variables on the ps, else one); its saveables join the graph's, and TF 1.x
     optimizers learn to train it."""
     import tensorflow as tf
     from . import saving, updates
     updates.install()
     saving.install()
     variable = EmbeddingVariable(name, embedding_dim, key_dtype=key_dtype, initializer=initializer,
-                                 ev_option=ev_option, devices=devices or _devices(partitions), trainable=trainable,
+                                 ev_option=ev_option, parts=partitions, devices=devices, trainable=trainable,
                                  seed=seed)
     for part in variable.parts:
         variable.graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saving.saveable(part))

@@ -35,7 +35,7 @@ class EmbeddingVariable:
     """A table of ``embedding_dim``-float rows keyed by int64 or string ids, split by id over ``parts`` devices."""
 
     def __init__(self, name: str, embedding_dim: int, key_dtype=None, initializer=None, ev_option=None,
-                 parts: int = 1, devices=None, trainable: bool = True, seed=None):
+                 parts=None, devices=None, trainable: bool = True, seed=None):
         import tensorflow as tf
         tf1 = tf.compat.v1
         if int(embedding_dim) < 1:
@@ -49,13 +49,13 @@ class EmbeddingVariable:
         self.option = ev_option or EmbeddingVariableOption()
         self.dim, self.slots, self.trainable = int(embedding_dim), SLOTS, trainable
         self.width = self.dim * (1 + self.slots)
-        devices = list(devices or [None] * max(1, int(parts)))
         init = self.option.init_option
         initializer = initializer or init.initializer or tf1.truncated_normal_initializer(stddev=0.05, seed=seed)
         self.anchor = tf1.get_variable(name, shape=[0], dtype=tf.float32, initializer=tf1.zeros_initializer(),
                                        trainable=trainable)
         self.name = self.anchor.op.name
         self.graph = self.anchor.graph
+        devices = list(devices or _devices(self.anchor.device, parts))
         with tf1.device(devices[0]):
             self.initial = tf1.get_variable(f"{name}/initial_values", [init.default_value_dim, self.dim],
                                             initializer=initializer, trainable=False)
@@ -117,6 +117,17 @@ class EmbeddingVariable:
             found = tf.dynamic_stitch(positions, rows)
             out = tf.gather(found, index)
             return tf.reshape(out, tf.concat([tf.shape(ids), [self.dim]], 0))
+
+
+def _devices(placed: str, parts) -> list:
+    """One device per part. Where the graph places variables on the ps (its stand-in went there), the parts go
+    to ``/job:ps/task:<i mod ps>`` of TF_CONFIG's cluster, one per ps unless ``parts`` says; elsewhere (one
+    process, an evaluation) all on the stand-in's device."""
+    from ..topology.cluster import Cluster
+    cluster = Cluster.from_environment() if "/job:ps" in (placed or "") else None
+    ps = cluster.num_tasks("ps") if cluster is not None else 0
+    n = max(1, int(parts or ps or 1))
+    return [f"/job:ps/task:{i % ps}" if ps else (placed or None) for i in range(n)]
 
 
 class Part:
