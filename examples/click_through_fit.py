@@ -159,7 +159,8 @@ def main(argv=None):
     cluster = tfcluster.Cluster.from_tf_config() if os.environ.get("TF_CONFIG") else None
     if cluster is None or cluster.is_chief:
         # The checkpoint restores in this plain process, whole tables from their parts.
-        metrics = tfcluster.evaluate(make_model_fn(args.buckets, option=option), eval_input_fn(data_dir), checkpoint_dir)
+        model_fn = make_model_fn(args.buckets, option=option)
+        metrics = tfcluster.evaluate(model_fn, eval_input_fn(data_dir), checkpoint_dir)
         print(f"click-through at step {metrics['global_step']}: auc {metrics['auc']:.4f}, "
               f"accuracy {metrics['accuracy']:.4f}")
     return 0
