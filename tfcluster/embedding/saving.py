@@ -60,8 +60,7 @@ def saved_tensors(part: Part) -> list:
     import tensorflow as tf
     v = part.variable
     with tf.device(part.device), tf.name_scope(f"save_{part.name.replace('/', '_')}"):
-        keys, meta = tf.raw_ops.LookupTableExportV2(table_handle=part.meta, Tkeys=v.key_dtype, Tvalues=tf.int64)
-        keys, meta = tf.reshape(keys, [-1]), tf.reshape(meta, [-1, 2])
+        keys, meta = part.export()
         rows, present = part.find(keys)
         versions = meta[:, 1]
         evict = tf.zeros_like(present)
@@ -102,9 +101,10 @@ def restore_part(part: Part, keys, values, slots, freqs, versions, keys_filtered
             keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
             all_keys, meta = tf.boolean_mask(all_keys, mine_all), tf.boolean_mask(meta, mine_all)
         rows = tf.reshape(rows, [-1, v.width])
-        return tf.group(tf.raw_ops.LookupTableImportV2(table_handle=part.values, keys=keys, values=rows),
-                        tf.raw_ops.LookupTableImportV2(table_handle=part.meta, keys=all_keys,
-                                                       values=tf.reshape(meta, [-1, 2])))
+        with tf.control_dependencies(part.clear()):     # the saved ids alone, as a variable's restore replaces it
+            return tf.group(tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=keys, values=rows),
+                            tf.raw_ops.LookupTableInsertV2(table_handle=part.meta, keys=all_keys,
+                                                           values=tf.reshape(meta, [-1, 2])))
 
 
 def saved_parts(names, variable) -> int:

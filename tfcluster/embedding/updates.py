@@ -120,7 +120,7 @@ def _train_part(optimizer, update, v, part, ids, counts, grad, global_step):
     rows, present = part.find(ids)
     admitted = tf.logical_or(present, seen >= v.filter_freq)
     d = v.dim
-    w = tf.where(present[:, None], rows[:, :d], part.initial_rows(ids))
+    w = part.weights(ids, rows, present)
     s1 = tf.where(present[:, None], rows[:, d:2 * d], tf.zeros_like(w))
     s2 = tf.where(present[:, None], rows[:, 2 * d:3 * d], tf.zeros_like(w))
     w, s1, s2 = update(optimizer, w, s1, s2, grad)
