@@ -75,6 +75,28 @@ def test_each_optimizer_trains_the_rows_as_tensorflow_trains_a_table_holding_the
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_two_lookups_of_one_variable_in_a_step_train_each_row_once_with_their_summed_gradient():
+    # A table shared by two features (a user id and a clicked user's id) is one update a step, as TF's own.
+    graph = tf1.Graph()
+    with graph.as_default():
+        ev = tfcluster.get_embedding_variable("ev", 3, partitions=2, seed=1)
+        table = tf1.get_variable("table", [20, 3])
+        a, b = (tf1.placeholder(tf.int64, [None]) for _ in range(2))
+
+        def loss(lookup):
+            return tf.reduce_sum(tf.square(lookup(a) - 1.0)) + tf.reduce_sum(lookup(b) * 3.0)
+        train = tf1.train.AdagradOptimizer(0.3).minimize(loss(ev.lookup))
+        reference = tf1.train.AdagradOptimizer(0.3).minimize(loss(lambda ids: tf.nn.embedding_lookup(table, ids)))
+        every = np.arange(20)
+        with tf1.Session() as session:
+            session.run(tf1.global_variables_initializer())
+            session.run(table.assign(ev.initial[:20]))
+            for step in range(4):
+                session.run([train, reference], {a: [1, 2, 3, step], b: [3, 4, 1]})
+            got, want = session.run([ev.lookup(every), tf.nn.embedding_lookup(table, every)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def _saved(path, name):
     return tf.train.load_checkpoint(path).get_tensor(name)
 
@@ -104,15 +126,15 @@ def test_a_save_evicts_rows_untouched_for_steps_to_live_and_they_start_over_from
     graph, ev, ids, rows, train, saver = _graph(option=option)
     with graph.as_default():
         size = tf.add_n([tf.raw_ops.LookupTableSizeV2(table_handle=p.values) for p in ev.parts])
-        seen = tf.add_n([tf.raw_ops.LookupTableSizeV2(table_handle=p.meta) for p in ev.parts])
+        waiting = tf.add_n([tf.raw_ops.LookupTableSizeV2(table_handle=p.unadmitted) for p in ev.parts])
     with tf1.Session(graph=graph) as session:
         session.run(tf1.global_variables_initializer())
         session.run(train, {ids: [1, 1, 2, 2, 3]})            # 1 and 2 admitted at step 0, 3 seen once
         for _ in range(8):
             session.run(train, {ids: [2, 2]})                 # 2 stays in use until step 8
-        assert session.run([size, seen]) == [2, 3]
+        assert session.run([size, waiting]) == [2, 1]
         saver.save(session, str(tmp_path / "m"))
-        assert session.run([size, seen]) == [1, 1]            # ids 1 and 3 (step 0) are gone; 2 (step 8) stays
+        assert session.run([size, waiting]) == [1, 0]         # ids 1 and 3 (step 0) are gone; 2 (step 8) stays
         assert session.run(rows, {ids: [1]})[0, 0] == 0.0     # id 1 is a stranger again
 
 

@@ -16,7 +16,7 @@ back exactly what was saved.
 import functools
 
 from ..core import patches
-from .variable import Part
+from .variable import Part, pack, unpack
 
 #: The names a part saves, in its saveable's order.
 FIELDS = ("keys", "values", "slots", "freqs", "versions", "keys_filtered", "freqs_filtered", "versions_filtered")
@@ -59,31 +59,29 @@ def saved_tensors(part: Part) -> list:
     """The tensors of :data:`FIELDS`, after this save's eviction."""
     import tensorflow as tf
     v = part.variable
+    d = v.dim
     with tf.device(part.device), tf.name_scope(f"save_{part.name.replace('/', '_')}"):
-        keys, meta = part.export()
-        rows, present = part.find(keys)
-        versions = meta[:, 1]
-        evict = tf.zeros_like(present)
+        (keys, rows), (waiting, meta) = part.export()
+        freqs, versions = unpack(rows)
+        evict, evict_waiting = tf.zeros_like(freqs, tf.bool), tf.zeros_like(meta[:, 0], tf.bool)
         if v.option.steps_to_live is not None:
             step = tf.compat.v1.train.get_global_step(part.variable.graph)
             # Without a global step, the newest step this part saw stands for it.
             now = tf.cast(step, tf.int64) if step is not None else tf.reduce_max(tf.concat([versions, [0]], 0))
-            evict = tf.logical_or(evict, now - versions > v.option.steps_to_live)
+            evict = now - versions > v.option.steps_to_live
+            evict_waiting = now - meta[:, 1] > v.option.steps_to_live
         if v.option.l2_weight_threshold is not None:
-            small = tf.norm(tf.where(present[:, None], rows[:, :v.dim], 0.0), axis=1) < v.option.l2_weight_threshold
-            evict = tf.logical_or(evict, tf.logical_and(present, small))
-        gone = tf.boolean_mask(keys, evict)
-        removed = [tf.raw_ops.LookupTableRemoveV2(table_handle=part.values, keys=gone),
-                   tf.raw_ops.LookupTableRemoveV2(table_handle=part.meta, keys=gone)]
+            evict = tf.logical_or(evict, tf.norm(rows[:, :d], axis=1) < v.option.l2_weight_threshold)
+        removed = [tf.raw_ops.LookupTableRemoveV2(table_handle=part.values, keys=tf.boolean_mask(keys, evict))]
+        if part.unadmitted is not None:
+            removed.append(tf.raw_ops.LookupTableRemoveV2(table_handle=part.unadmitted,
+                                                          keys=tf.boolean_mask(waiting, evict_waiting)))
         with tf.control_dependencies(removed):
-            kept = tf.logical_not(evict)
-            row = tf.logical_and(kept, present)
-            filtered = tf.logical_and(kept, tf.logical_not(present))
-            d = v.dim
-            return [tf.boolean_mask(keys, row), tf.boolean_mask(rows[:, :d], row), tf.boolean_mask(rows[:, d:], row),
-                    tf.boolean_mask(meta[:, 0], row), tf.boolean_mask(versions, row),
-                    tf.boolean_mask(keys, filtered), tf.boolean_mask(meta[:, 0], filtered),
-                    tf.boolean_mask(versions, filtered)]
+            kept, kept_waiting = tf.logical_not(evict), tf.logical_not(evict_waiting)
+            return [tf.boolean_mask(keys, kept), tf.boolean_mask(rows[:, :d], kept),
+                    tf.boolean_mask(rows[:, d:3 * d], kept), tf.boolean_mask(freqs, kept),
+                    tf.boolean_mask(versions, kept), tf.boolean_mask(waiting, kept_waiting),
+                    tf.boolean_mask(meta[:, 0], kept_waiting), tf.boolean_mask(meta[:, 1], kept_waiting)]
 
 
 def restore_part(part: Part, keys, values, slots, freqs, versions, keys_filtered, freqs_filtered,
@@ -91,20 +89,22 @@ def restore_part(part: Part, keys, values, slots, freqs, versions, keys_filtered
     """The op replacing ``part``'s tables by these saved tensors; ``which``: a mask of the ids it keeps."""
     import tensorflow as tf
     v = part.variable
+    d = v.dim
     with tf.device(part.device):
         keys, keys_filtered = tf.reshape(keys, [-1]), tf.reshape(keys_filtered, [-1])
-        rows = tf.concat([tf.reshape(values, [-1, v.dim]), tf.reshape(slots, [-1, v.width - v.dim])], 1)
-        all_keys = tf.concat([keys, keys_filtered], 0)
-        meta = tf.stack([tf.concat([freqs, freqs_filtered], 0), tf.concat([versions, versions_filtered], 0)], 1)
+        rows = tf.concat([tf.reshape(values, [-1, d]), tf.reshape(slots, [-1, 2 * d]), pack(freqs, versions)], 1)
+        meta = tf.stack([freqs_filtered, versions_filtered], 1)
         if which is not None:
-            mine, mine_all = which(keys), which(all_keys)
+            mine, mine_waiting = which(keys), which(keys_filtered)
             keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
-            all_keys, meta = tf.boolean_mask(all_keys, mine_all), tf.boolean_mask(meta, mine_all)
-        rows = tf.reshape(rows, [-1, v.width])
+            keys_filtered, meta = tf.boolean_mask(keys_filtered, mine_waiting), tf.boolean_mask(meta, mine_waiting)
         with tf.control_dependencies(part.clear()):     # the saved ids alone, as a variable's restore replaces it
-            return tf.group(tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=keys, values=rows),
-                            tf.raw_ops.LookupTableInsertV2(table_handle=part.meta, keys=all_keys,
-                                                           values=tf.reshape(meta, [-1, 2])))
+            ops = [tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=keys,
+                                                  values=tf.reshape(rows, [-1, v.width]))]
+            if part.unadmitted is not None:     # a variable restored without its filter forgets who waited
+                ops.append(tf.raw_ops.LookupTableInsertV2(table_handle=part.unadmitted, keys=keys_filtered,
+                                                          values=tf.reshape(meta, [-1, 2])))
+            return tf.group(*ops)
 
 
 def saved_parts(names, variable) -> int:

@@ -20,11 +20,10 @@ as zeros whatever the optimizer.
 
 from ..core import patches
 from ..core.errors import SpecError
-from .variable import of_graph
+from .variable import of_graph, pack, unpack
 
 #: The attribute an optimizer carries its embedding gradients on, from compute_gradients to apply_gradients.
 PENDING = "_tfcluster_embedding_gradients"
-_BIG = 2 ** 62
 
 
 def _sgd(opt, w, s1, s2, g):
@@ -102,33 +101,46 @@ def part_updates(optimizer, pending: list, global_step) -> list:
     for v, part, entries in by_part.values():
         update = rule(optimizer, v.name)
         with tf.device(part.device), tf.name_scope(f"update_{part.name.replace('/', '_')}"):
-            ids = tf.concat([e[0] for e in entries], 0)
-            unique, at = tf.unique(ids, out_idx=tf.int32)
-            n = tf.size(unique)
-            counts = tf.math.unsorted_segment_sum(tf.concat([e[1] for e in entries], 0), at, n)
-            grad = tf.math.unsorted_segment_sum(tf.concat([tf.convert_to_tensor(e[2]) for e in entries], 0), at, n)
+            if len(entries) == 1:       # one lookup: its ids are distinct already
+                unique, counts, grad = entries[0][0], entries[0][1], tf.convert_to_tensor(entries[0][2])
+            else:                       # several lookups of one variable in a step: one update of each id
+                ids = tf.concat([e[0] for e in entries], 0)
+                unique, at = tf.unique(ids, out_idx=tf.int32)
+                n = tf.size(unique)
+                counts = tf.math.unsorted_segment_sum(tf.concat([e[1] for e in entries], 0), at, n)
+                grad = tf.math.unsorted_segment_sum(tf.concat([tf.convert_to_tensor(e[2]) for e in entries], 0),
+                                                    at, n)
             ops.append(_train_part(optimizer, update, v, part, unique, counts, grad, global_step))
     return ops
 
 
 def _train_part(optimizer, update, v, part, ids, counts, grad, global_step):
+    """The op that counts ``ids`` (each seen ``counts`` times this step) and trains their rows on ``part``."""
     import tensorflow as tf
-    meta = part.counts(ids)
-    seen = tf.minimum(meta[:, 0] + counts, _BIG)
-    step = tf.fill(tf.shape(seen), tf.cast(global_step, tf.int64)) if global_step is not None \
-        else tf.zeros_like(seen)
     rows, present = part.find(ids)
-    admitted = tf.logical_or(present, seen >= v.filter_freq)
+    count, _ = unpack(rows)
+    step = tf.fill(tf.shape(ids), tf.cast(global_step, tf.int64)) if global_step is not None \
+        else tf.zeros(tf.shape(ids), tf.int64)
     d = v.dim
     w = part.weights(ids, rows, present)
     s1 = tf.where(present[:, None], rows[:, d:2 * d], tf.zeros_like(w))
     s2 = tf.where(present[:, None], rows[:, 2 * d:3 * d], tf.zeros_like(w))
     w, s1, s2 = update(optimizer, w, s1, s2, grad)
-    keep = tf.boolean_mask(ids, admitted)
-    new_rows = tf.boolean_mask(tf.concat([w, s1, s2], 1), admitted)
-    write = tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=keep, values=new_rows)
-    count = tf.raw_ops.LookupTableInsertV2(table_handle=part.meta, keys=ids, values=tf.stack([seen, step], 1))
-    return tf.group(write, count)
+    ops = []
+    if part.unadmitted is None:
+        seen = tf.where(present, count, 0) + counts
+        admitted = tf.ones_like(present)
+    else:
+        seen = tf.where(present, count, part.counts(ids)[:, 0]) + counts
+        admitted = tf.logical_or(present, seen >= v.filter_freq)
+        waiting, new = tf.logical_not(admitted), tf.logical_and(admitted, tf.logical_not(present))
+        ops += [tf.raw_ops.LookupTableInsertV2(table_handle=part.unadmitted, keys=tf.boolean_mask(ids, waiting),
+                                               values=tf.boolean_mask(tf.stack([seen, step], 1), waiting)),
+                tf.raw_ops.LookupTableRemoveV2(table_handle=part.unadmitted, keys=tf.boolean_mask(ids, new))]
+    new_rows = tf.concat([w, s1, s2, pack(seen, step)], 1)
+    ops.append(tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=tf.boolean_mask(ids, admitted),
+                                              values=tf.boolean_mask(new_rows, admitted)))
+    return tf.group(*ops)
 
 
 def _computing(compute):

@@ -1,18 +1,18 @@
-"""An embedding variable: a row per id in hash tables on the ps, created when training first meets the id.
+"""An embedding variable: a row per id in hash tables on the ps, created when training admits the id.
 
-Each part (one per ps, by ``id mod parts``; string ids by their hash) is two
-of TF's mutable hash tables on that ps, named by the variable so every worker's
-graph reaches the same ones: ``values`` maps an id to its row, the weights and
-the optimizer's slots side by side (``embedding_dim * (1 + slots)`` floats: a
-row is read and written whole, so its weights and slots always come from one
-moment, also in a save during async training), and ``meta`` maps every id
-training looked up to ``[count, last global step]``, for admission and
-eviction. A lookup reads: an admitted id's row, or, for an id training has not
-yet admitted, ``default_value_no_permission``; an admitted id with no row yet
-reads row ``id mod default_value_dim`` of one initial matrix (DeepRec's
-InitializerOption). Nothing is written by a lookup: the optimizer's update
-(:mod:`.updates`) counts the ids, creates and trains the rows, so evaluation
-and serving graphs never change the tables.
+Each part (one per ps, by ``id mod parts``; string ids by their hash) is a
+hash table on that ps, named by the variable so every worker's graph reaches
+the same one. It maps an admitted id to its row: the weights, the optimizer's
+slots, and the id's count and last global step (two int32 in float32 bits), so
+a row is read and written whole and its weights, slots and counts always come
+from one moment, also in a save during async training. Where ids must be seen
+``filter_freq`` times first, a second table of the part counts the ids not yet
+admitted. A lookup reads an admitted id's weights; an id training has not
+admitted reads ``default_value_no_permission`` (with no filter every id is
+admitted: one with no row yet reads row ``id mod default_value_dim`` of one
+initial matrix, DeepRec's InitializerOption). Nothing is written by a lookup:
+the optimizer's update (:mod:`.updates`) counts the ids, creates and trains the
+rows, so evaluation and serving graphs never change the tables.
 
 A zero-size variable of the same name stands for the table among the trainable
 variables, so an optimizer's ``var_list`` (a scope's variables, as wide & deep
@@ -52,7 +52,7 @@ class EmbeddingVariable:
             self.key_dtype = tf.int64       # one key type on the ps; int32 ids are cast
         self.option = ev_option or EmbeddingVariableOption()
         self.dim, self.slots, self.trainable = int(embedding_dim), SLOTS, trainable
-        self.width = self.dim * (1 + self.slots)
+        self.width = self.dim * (1 + self.slots) + 2       # weights, slots, count, last step
         init = self.option.init_option
         initializer = initializer or init.initializer or tf1.truncated_normal_initializer(stddev=0.05, seed=seed)
         self.anchor = tf1.get_variable(name, shape=[0], dtype=tf.float32, initializer=tf1.zeros_initializer(),
@@ -146,38 +146,65 @@ class Part:
         # id (5x faster than MutableHashTable for a step's 6,000 rows of 48 floats, measured). Its two reserved keys
         # are ids no lookup may use: negative ones (refused) or strings beginning with a NUL byte.
         empty, deleted = EMPTY_KEYS[variable.key_dtype.name]
+        tables = [(tf.float32, variable.width, "")] + ([(tf.int64, 2, "/unadmitted")] if variable.filter_freq > 1
+                                                        else [])
         with tf.device(device):
-            self.values, self.meta = (tf.raw_ops.MutableDenseHashTableV2(
+            made = [tf.raw_ops.MutableDenseHashTableV2(
                 empty_key=tf.constant(empty, variable.key_dtype), deleted_key=tf.constant(deleted, variable.key_dtype),
                 value_dtype=dtype, value_shape=[width], initial_num_buckets=INITIAL_BUCKETS,
-                shared_name=self.name + suffix, name=short + suffix.replace("/", "_"))
-                for dtype, width, suffix in ((tf.float32, variable.width, ""), (tf.int64, 2, "/meta")))
+                shared_name=self.name + suffix, name=short + suffix.replace("/", "_")) for dtype, width, suffix in tables]
+        self.values = made[0]
+        # New ids take their first rows from a copy of the initial matrix on this part's own device, so a step
+        # never waits on another ps for them; the copy is local (not saved) and reads the saved matrix after a
+        # restore, when the session initialises local variables.
+        self.initial = variable.initial
+        if (device or "") != (variable.initial.device or ""):
+            with tf.device(device):
+                self.initial = tf.compat.v1.Variable(
+                    variable.initial.read_value(), trainable=False, name=f"{short}_initial_values",
+                    collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+        #: ``[count, last step]`` of the ids training saw but has not admitted (None with no filter).
+        self.unadmitted = made[1] if len(made) > 1 else None
+
+    def _export(self, table, dtype):
+        import tensorflow as tf
+        v = self.variable
+        keys, values = tf.raw_ops.LookupTableExportV2(table_handle=table, Tkeys=v.key_dtype, Tvalues=dtype)
+        keys = tf.reshape(keys, [-1])
+        values = tf.reshape(values, [-1, v.width if dtype == tf.float32 else 2])
+        empty, deleted = EMPTY_KEYS[v.key_dtype.name]
+        used = tf.logical_and(tf.not_equal(keys, empty), tf.not_equal(keys, deleted))      # not free buckets
+        return tf.boolean_mask(keys, used), tf.boolean_mask(values, used)
+
+    def tables(self) -> list:
+        """``(table, value dtype)`` of each of this part's tables."""
+        import tensorflow as tf
+        return [(self.values, tf.float32)] + ([(self.unadmitted, tf.int64)] if self.unadmitted is not None else [])
 
     def clear(self) -> list:
-        """Ops removing every id from both tables (a restore then inserts what was saved)."""
+        """Ops removing every id from the part's tables (a restore then inserts what was saved)."""
         import tensorflow as tf
-        v = self.variable
-        empty, deleted = EMPTY_KEYS[v.key_dtype.name]
-        ops = []
-        for table, dtype in ((self.values, tf.float32), (self.meta, tf.int64)):
-            keys, _ = tf.raw_ops.LookupTableExportV2(table_handle=table, Tkeys=v.key_dtype, Tvalues=dtype)
-            keys = tf.reshape(keys, [-1])
-            keys = tf.boolean_mask(keys, tf.logical_and(tf.not_equal(keys, empty), tf.not_equal(keys, deleted)))
-            ops.append(tf.raw_ops.LookupTableRemoveV2(table_handle=table, keys=keys))
-        return ops
+        return [tf.raw_ops.LookupTableRemoveV2(table_handle=table, keys=self._export(table, dtype)[0])
+                for table, dtype in self.tables()]
 
     def export(self):
-        """``(keys, [count, last step])`` of every id training looked up (the table's free buckets left out)."""
+        """``(keys, rows)`` of every admitted id, and ``(keys, [count, last step])`` of the others."""
         import tensorflow as tf
         v = self.variable
-        keys, meta = tf.raw_ops.LookupTableExportV2(table_handle=self.meta, Tkeys=v.key_dtype, Tvalues=tf.int64)
-        keys, meta = tf.reshape(keys, [-1]), tf.reshape(meta, [-1, 2])
-        empty, deleted = EMPTY_KEYS[v.key_dtype.name]
-        used = tf.logical_and(tf.not_equal(keys, empty), tf.not_equal(keys, deleted))
-        return tf.boolean_mask(keys, used), tf.boolean_mask(meta, used)
+        if self.unadmitted is not None:
+            waiting = self._export(self.unadmitted, tf.int64)
+        else:
+            waiting = (tf.zeros([0], v.key_dtype), tf.zeros([0, 2], tf.int64))
+        return self._export(self.values, tf.float32), waiting
+
+    def counts(self, keys):
+        """``[count, last step]`` of ids not admitted (``[0, -1]`` for an id training never looked up)."""
+        import tensorflow as tf
+        return tf.reshape(tf.raw_ops.LookupTableFindV2(table_handle=self.unadmitted, keys=keys,
+                                                       default_value=tf.constant([0, -1], tf.int64)), [-1, 2])
 
     def find(self, keys):
-        """``(rows, present)``: the stored rows of ``keys`` (weights and slots) and whether each has one."""
+        """``(rows, present)``: the stored rows of ``keys`` and whether each has one."""
         import tensorflow as tf
         # An absent row reads NaN first: a row's first weight is never NaN while training is sound.
         absent = tf.concat([[float("nan")], tf.zeros([self.variable.width - 1])], 0)
@@ -185,24 +212,16 @@ class Part:
                           [-1, self.variable.width])
         return rows, tf.logical_not(tf.math.is_nan(rows[:, 0]))
 
-    def counts(self, keys):
-        """``[count, last step]`` of each of ``keys`` (``[0, -1]`` for an id training never looked up)."""
-        import tensorflow as tf
-        return tf.reshape(tf.raw_ops.LookupTableFindV2(table_handle=self.meta, keys=keys,
-                                                       default_value=tf.constant([0, -1], tf.int64)), [-1, 2])
-
     def weights(self, keys, rows, present):
         """The weights of ``keys``: the stored ones, and for ids with no row, row ``id mod default_value_dim`` of
-        the initial matrix, gathered where that matrix lives so only those rows travel."""
+        the initial matrix."""
         import tensorflow as tf
         v = self.variable
         d = v.option.init_option.default_value_dim
         new = tf.where(tf.logical_not(present))
         new_keys = tf.gather_nd(keys, new)
         at = tf.strings.to_hash_bucket_fast(new_keys, d) if keys.dtype == tf.string else new_keys % d
-        with tf.device(v.initial.device):
-            initial = tf.gather(v.initial, at)
-        return tf.tensor_scatter_nd_update(rows[:, :v.dim], new, initial)
+        return tf.tensor_scatter_nd_update(rows[:, :v.dim], new, tf.gather(self.initial, at))
 
     def read(self, keys):
         """The weights a lookup of ``keys`` reads (see the module doc)."""
@@ -218,6 +237,20 @@ class Part:
         weights = self.weights(keys, rows, present)
         no_permission = tf.fill(tf.shape(weights), v.option.init_option.default_value_no_permission)
         return tf.where(admitted[:, None], weights, no_permission)
+
+
+def pack(count, step):
+    """``[count, last step]`` as two float32 columns of a row (int32 bits: a row is one table value)."""
+    import tensorflow as tf
+    both = tf.stack([tf.cast(tf.minimum(count, 2 ** 31 - 1), tf.int32), tf.cast(step, tf.int32)], 1)
+    return tf.bitcast(both, tf.float32)
+
+
+def unpack(rows):
+    """``(count, last step)`` (int64) of rows written by :func:`pack` into their last two columns."""
+    import tensorflow as tf
+    both = tf.cast(tf.bitcast(rows[:, -2:], tf.int32), tf.int64)
+    return both[:, 0], both[:, 1]
 
 
 def of_graph(graph) -> dict:
