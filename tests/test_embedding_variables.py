@@ -5,6 +5,7 @@ The one-process tests compare each optimizer's rows with TensorFlow's own update
 same rows; the cluster test trains on 2 ps + 2 workers and restores the chief's checkpoint in one process.
 """
 
+import json
 import os
 import re
 import sys
@@ -20,6 +21,7 @@ tf = pytest.importorskip("tensorflow")
 tf1 = tf.compat.v1
 EXAMPLE = os.path.join(REPO, "examples", "click_through_fit.py")
 ASYNC_SAVES = os.path.join(REPO, "tests", "programs", "embedding_async_saves.py")
+DEEPREC = os.path.join(REPO, "tests", "legacy", "deeprec_wide_deep.py")
 
 
 def _graph(parts=2, option=None, optimizer=None, dim=4):
@@ -279,3 +281,31 @@ def test_every_save_during_async_training_holds_each_row_s_weights_and_slots_of_
     with tf1.Graph().as_default():
         metrics = tfcluster.evaluate(program.model_fn, lambda ctx: program.input_fn(ctx).take(2), str(ckpt))
     assert np.isfinite(metrics["loss"]), metrics
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_deeprec_wide_and_deep_program_runs_unchanged_in_tf1_mode_on_two_ps(tmp_path, reliability):
+    # DeepRec's names: categorical_column_with_embedding with EmbeddingVariableOption(CounterFilter(2),
+    # GlobalStepEvict(100)) under embedding_column; the DNN on Adagrad, the hashed wide part on Ftrl.
+    ckpt = tmp_path / "ckpt"
+    code, out = run_local(tmp_path, "--tf1", "--ps", "2", "--workers", "2", "--timeout", "220", "--", sys.executable,
+                          DEEPREC, "--checkpoint_dir", str(ckpt), "--data_dir", str(tmp_path / "data"), "--steps",
+                          "300", timeout=280)
+    assert code == 0, out[-4000:]
+    final = json.loads(re.search(r"FINAL (.*)", out).group(1))
+    assert final["step"] >= 300 and final["eval_loss"] < 0.52, final     # a constant guess scores 0.56
+    reliability("DeepRec wide & deep (TF1 mode, 2 ps, 300 async steps): eval loss", round(final["eval_loss"], 4))
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt)))
+    step = int(reader.get_tensor("global_step"))
+    for column in ("C1", "C26"):
+        name = f"model/dnn/input_layer/{column}_embedding/embedding_weights"
+        keys = [reader.get_tensor(f"{name}/part_{p}-keys") for p in (0, 1)]
+        assert all(len(k) for k in keys) and not set(keys[0]) & set(keys[1])     # string ids split over the ps
+        for p in (0, 1):
+            assert (reader.get_tensor(f"{name}/part_{p}-freqs") >= 2).all()       # admitted once seen twice
+            versions = reader.get_tensor(f"{name}/part_{p}-versions")
+            assert (step - versions <= 100).all() and versions.max() > step - 20  # idle rows evicted at the save
+        assert reader.get_tensor(f"{name}/part_0-values").shape[1] == 8
+    waiting = reader.get_tensor("model/dnn/input_layer/C26_embedding/embedding_weights/part_0-freqs_filtered")
+    assert len(waiting) and (waiting == 1).all()                                   # C26's long tail waits

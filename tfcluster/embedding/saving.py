@@ -16,7 +16,7 @@ back exactly what was saved.
 import functools
 
 from ..core import patches
-from .variable import Part, pack, unpack
+from .variable import Part, pack, tensorflow_v2, unpack
 
 #: The names a part saves, in its saveable's order.
 FIELDS = ("keys", "values", "slots", "freqs", "versions", "keys_filtered", "freqs_filtered", "versions_filtered")
@@ -57,7 +57,7 @@ def saveable(part: Part):
 
 def saved_tensors(part: Part) -> list:
     """The tensors of :data:`FIELDS`, after this save's eviction."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     v = part.variable
     d = v.dim
     with tf.device(part.device), tf.name_scope(f"save_{part.name.replace('/', '_')}"):
@@ -87,7 +87,7 @@ def saved_tensors(part: Part) -> list:
 def restore_part(part: Part, keys, values, slots, freqs, versions, keys_filtered, freqs_filtered,
                  versions_filtered, which=None):
     """The op replacing ``part``'s tables by these saved tensors; ``which``: a mask of the ids it keeps."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     v = part.variable
     d = v.dim
     with tf.device(part.device):
@@ -117,7 +117,7 @@ def saved_parts(names, variable) -> int:
 
 def _read_part(prefix, name: str, variable):
     """The saved tensors of part ``name`` of ``variable`` (RestoreV2 on the current device)."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     from tensorflow.python.ops import io_ops
     key = variable.key_dtype
     dtypes = [key, tf.float32, tf.float32, tf.int64, tf.int64, key, tf.int64, tf.int64]
@@ -126,7 +126,7 @@ def _read_part(prefix, name: str, variable):
 
 def _fill_ops(variables, names, prefix) -> list:
     """Ops that fill every part of ``variables`` from every saved part, each part keeping its own ids."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     ops = []
     for v in variables:
         count = saved_parts(names, v)
@@ -147,7 +147,7 @@ def _fill_ops(variables, names, prefix) -> list:
 def remap_restore(saver, sess, prefix: str) -> bool:
     """Restore ``prefix`` through ``saver`` with each embedding variable read by id from however many parts saved
     it; False (nothing done) when the parts saved are the parts now, so the Saver's own restore is right."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     var_list = saver._var_list or []
     ours = [s for s in var_list if isinstance(s, _saveable_class_cached())]
     if not ours:

@@ -20,7 +20,7 @@ as zeros whatever the optimizer.
 
 from ..core import patches
 from ..core.errors import SpecError
-from .variable import of_graph, pack, unpack
+from .variable import of_graph, pack, tensorflow_v2, unpack
 
 #: The attribute an optimizer carries its embedding gradients on, from compute_gradients to apply_gradients.
 PENDING = "_tfcluster_embedding_gradients"
@@ -37,7 +37,7 @@ def _adagrad(opt, w, s1, s2, g):
 
 
 def _ftrl(opt, w, s1, s2, g):
-    import tensorflow as tf
+    tf = tensorflow_v2()
     lr, power = opt._learning_rate_tensor, opt._learning_rate_power_tensor
     l1 = opt._l1_regularization_strength_tensor
     l2 = getattr(opt, "_adjusted_l2_regularization_strength_tensor", None)
@@ -53,7 +53,7 @@ def _ftrl(opt, w, s1, s2, g):
 
 
 def _adam(opt, w, s1, s2, g):
-    import tensorflow as tf
+    tf = tensorflow_v2()
     beta1_power, beta2_power = opt._get_beta_accumulators()
     b1, b2, eps = opt._beta1_t, opt._beta2_t, opt._epsilon_t
     lr = opt._lr_t * tf.sqrt(1 - beta2_power) / (1 - beta1_power)
@@ -63,13 +63,13 @@ def _adam(opt, w, s1, s2, g):
 
 
 def _rsqrt(x):
-    import tensorflow as tf
+    tf = tensorflow_v2()
     return tf.math.rsqrt(x)
 
 
 def rule(optimizer, name: str):
     """The update rule of ``optimizer`` for embedding variable ``name``; one line for one that has none."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     train = tf.compat.v1.train
     for kind, f in ((train.AdamOptimizer, _adam), (train.FtrlOptimizer, _ftrl), (train.AdagradOptimizer, _adagrad),
                     (train.GradientDescentOptimizer, _sgd)):
@@ -81,7 +81,7 @@ def rule(optimizer, name: str):
 
 def gradients(loss, var_list) -> list:
     """``[(variable, part, ids, counts, gradient)]`` for each lookup of an embedding variable in ``var_list``."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     lookups = of_graph(loss.graph)["lookups"]
     chosen = {id(v) for v in (var_list if var_list is not None else tf.compat.v1.trainable_variables())}
     lookups = [entry for entry in lookups if id(entry[0].anchor) in chosen]
@@ -93,11 +93,14 @@ def gradients(loss, var_list) -> list:
 
 def part_updates(optimizer, pending: list, global_step) -> list:
     """One op per part looked up: its batch's ids counted and their rows trained (see the module doc)."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     by_part = {}
     for v, part, ids, counts, g in pending:
         by_part.setdefault(id(part), (v, part, []))[2].append((ids, counts, g))
     ops = []
+    # Rows record the step they were trained at, also where this optimizer is not the one that counts the steps
+    # (wide & deep's second optimizer).
+    global_step = global_step if global_step is not None else tf.compat.v1.train.get_global_step()
     for v, part, entries in by_part.values():
         update = rule(optimizer, v.name)
         with tf.device(part.device), tf.name_scope(f"update_{part.name.replace('/', '_')}"):
@@ -116,7 +119,7 @@ def part_updates(optimizer, pending: list, global_step) -> list:
 
 def _train_part(optimizer, update, v, part, ids, counts, grad, global_step):
     """The op that counts ``ids`` (each seen ``counts`` times this step) and trains their rows on ``part``."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     rows, present = part.find(ids)
     count, _ = unpack(rows)
     step = tf.fill(tf.shape(ids), tf.cast(global_step, tf.int64)) if global_step is not None \
@@ -146,7 +149,7 @@ def _train_part(optimizer, update, v, part, ids, counts, grad, global_step):
 def _computing(compute):
     def compute_gradients(self, loss, var_list=None, *args, **kwargs):
         pairs = compute(self, loss, var_list, *args, **kwargs)
-        import tensorflow as tf
+        tf = tensorflow_v2()
         if callable(loss) or not isinstance(loss, tf.Tensor) or not of_graph(loss.graph)["lookups"]:
             return pairs
         pending = gradients(loss, var_list)

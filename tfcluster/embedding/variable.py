@@ -40,7 +40,7 @@ class EmbeddingVariable:
 
     def __init__(self, name: str, embedding_dim: int, key_dtype=None, initializer=None, ev_option=None,
                  parts=None, devices=None, trainable: bool = True, seed=None):
-        import tensorflow as tf
+        tf = tensorflow_v2()
         tf1 = tf.compat.v1
         if int(embedding_dim) < 1:
             raise SpecError(f"embedding variable {name}: embedding_dim must be at least 1, not {embedding_dim}")
@@ -55,6 +55,8 @@ class EmbeddingVariable:
         self.width = self.dim * (1 + self.slots) + 2       # weights, slots, count, last step
         init = self.option.init_option
         initializer = initializer or init.initializer or tf1.truncated_normal_initializer(stddev=0.05, seed=seed)
+        if isinstance(initializer, type):       # DeepRec's examples pass the class: tf.glorot_uniform_initializer
+            initializer = initializer()
         self.anchor = tf1.get_variable(name, shape=[0], dtype=tf.float32, initializer=tf1.zeros_initializer(),
                                        trainable=trainable)
         self.name = self.anchor.op.name
@@ -76,7 +78,7 @@ class EmbeddingVariable:
 
     def ids(self, ids):
         """``ids`` as the tables' keys: int64 (int32 cast), or strings; one line for the wrong kind."""
-        import tensorflow as tf
+        tf = tensorflow_v2()
         ids = ids if isinstance(ids, tf.Tensor) else tf.convert_to_tensor(ids)
         if (ids.dtype == tf.string) != (self.key_dtype == tf.string):
             raise SpecError(f"embedding variable {self.name} is keyed by {self.key_dtype.name}, and was looked up "
@@ -93,7 +95,7 @@ class EmbeddingVariable:
 
     def part_of(self, ids):
         """Which part holds each id (int32): ``id mod parts``, or a string's hash mod parts."""
-        import tensorflow as tf
+        tf = tensorflow_v2()
         n = len(self.parts)
         if ids.dtype == tf.string:
             return tf.cast(tf.strings.to_hash_bucket_fast(ids, n), tf.int32)
@@ -101,7 +103,7 @@ class EmbeddingVariable:
 
     def lookup(self, ids, name=None):
         """The rows of ``ids`` (any shape), shape ``ids.shape + [embedding_dim]``."""
-        import tensorflow as tf
+        tf = tensorflow_v2()
         with tf.name_scope(name or f"{self.name.split('/')[-1]}_lookup"):
             ids = self.ids(ids)
             flat = tf.reshape(ids, [-1])
@@ -138,7 +140,7 @@ class Part:
     """One part of an embedding variable: its two tables on one device."""
 
     def __init__(self, variable: EmbeddingVariable, index: int, device):
-        import tensorflow as tf
+        tf = tensorflow_v2()
         self.variable, self.index, self.device = variable, index, device
         self.name = f"{variable.name}/part_{index}"
         short = f"{variable.name.split('/')[-1]}_part_{index}"
@@ -167,7 +169,7 @@ class Part:
         self.unadmitted = made[1] if len(made) > 1 else None
 
     def _export(self, table, dtype):
-        import tensorflow as tf
+        tf = tensorflow_v2()
         v = self.variable
         keys, values = tf.raw_ops.LookupTableExportV2(table_handle=table, Tkeys=v.key_dtype, Tvalues=dtype)
         keys = tf.reshape(keys, [-1])
@@ -178,18 +180,18 @@ class Part:
 
     def tables(self) -> list:
         """``(table, value dtype)`` of each of this part's tables."""
-        import tensorflow as tf
+        tf = tensorflow_v2()
         return [(self.values, tf.float32)] + ([(self.unadmitted, tf.int64)] if self.unadmitted is not None else [])
 
     def clear(self) -> list:
         """Ops removing every id from the part's tables (a restore then inserts what was saved)."""
-        import tensorflow as tf
+        tf = tensorflow_v2()
         return [tf.raw_ops.LookupTableRemoveV2(table_handle=table, keys=self._export(table, dtype)[0])
                 for table, dtype in self.tables()]
 
     def export(self):
         """``(keys, rows)`` of every admitted id, and ``(keys, [count, last step])`` of the others."""
-        import tensorflow as tf
+        tf = tensorflow_v2()
         v = self.variable
         if self.unadmitted is not None:
             waiting = self._export(self.unadmitted, tf.int64)
@@ -199,13 +201,13 @@ class Part:
 
     def counts(self, keys):
         """``[count, last step]`` of ids not admitted (``[0, -1]`` for an id training never looked up)."""
-        import tensorflow as tf
+        tf = tensorflow_v2()
         return tf.reshape(tf.raw_ops.LookupTableFindV2(table_handle=self.unadmitted, keys=keys,
                                                        default_value=tf.constant([0, -1], tf.int64)), [-1, 2])
 
     def find(self, keys):
         """``(rows, present)``: the stored rows of ``keys`` and whether each has one."""
-        import tensorflow as tf
+        tf = tensorflow_v2()
         # An absent row reads NaN first: a row's first weight is never NaN while training is sound.
         absent = tf.concat([[float("nan")], tf.zeros([self.variable.width - 1])], 0)
         rows = tf.reshape(tf.raw_ops.LookupTableFindV2(table_handle=self.values, keys=keys, default_value=absent),
@@ -215,7 +217,7 @@ class Part:
     def weights(self, keys, rows, present):
         """The weights of ``keys``: the stored ones, and for ids with no row, row ``id mod default_value_dim`` of
         the initial matrix."""
-        import tensorflow as tf
+        tf = tensorflow_v2()
         v = self.variable
         d = v.option.init_option.default_value_dim
         new = tf.where(tf.logical_not(present))
@@ -225,7 +227,7 @@ class Part:
 
     def read(self, keys):
         """The weights a lookup of ``keys`` reads (see the module doc)."""
-        import tensorflow as tf
+        tf = tensorflow_v2()
         v = self.variable
         rows, present = self.find(keys)
         if v.filter_freq > 1:
@@ -239,16 +241,23 @@ class Part:
         return tf.where(admitted[:, None], weights, no_permission)
 
 
+def tensorflow_v2():
+    """TensorFlow's v2 API, also under TF1 mode, whose ``import tensorflow`` is ``tf.compat.v1`` (its ``tf.where``
+    does not broadcast)."""
+    from tensorflow import compat
+    return compat.v2
+
+
 def pack(count, step):
     """``[count, last step]`` as two float32 columns of a row (int32 bits: a row is one table value)."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     both = tf.stack([tf.cast(tf.minimum(count, 2 ** 31 - 1), tf.int32), tf.cast(step, tf.int32)], 1)
     return tf.bitcast(both, tf.float32)
 
 
 def unpack(rows):
     """``(count, last step)`` (int64) of rows written by :func:`pack` into their last two columns."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     both = tf.cast(tf.bitcast(rows[:, -2:], tf.int32), tf.int64)
     return both[:, 0], both[:, 1]
 
@@ -260,6 +269,6 @@ def of_graph(graph) -> dict:
 
 def embedding_variables(graph=None) -> list:
     """Every embedding variable of ``graph`` (the default graph)."""
-    import tensorflow as tf
+    tf = tensorflow_v2()
     return list(of_graph(graph or tf.compat.v1.get_default_graph())["variables"])
 

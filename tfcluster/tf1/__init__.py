@@ -12,6 +12,8 @@ runs the script as ``__main__`` after :func:`install`, which makes
   give tfcluster's Estimator, as ``tf.estimator`` does (:mod:`.estimator_paths`);
 - ``tensorflow.examples.tutorials.mnist.input_data`` read local MNIST or
   Fashion-MNIST IDX files (:mod:`.mnist`); it never downloads;
+- DeepRec's embedding variables (``tf.get_embedding_variable``,
+  ``tf.feature_column.categorical_column_with_embedding``) are tfcluster's (:mod:`.deeprec`);
 - ``tf.layers`` work through tf-keras (TF_USE_LEGACY_KERAS=1) when installed;
 - sessions survive TF 2.21's false duplicate aborts (pitfalls item 15), and
   say so when MonitoredTrainingSession throws progress away (:mod:`.robust`).
@@ -21,7 +23,8 @@ Importing this package does not import TensorFlow. Its modules:
 :mod:`.contrib` (``tf.contrib``), :mod:`.distribute` (its strategies), :mod:`.slim` (tf-slim's names),
 :mod:`.estimator_paths` (the Estimator's other import names), :mod:`.mnist` (the tutorials' ``input_data``),
 :mod:`.mnist_model` (the tutorials' ``mnist.py`` model), :mod:`.overrides`
-(the names served instead of ``tf.compat.v1``'s), :mod:`.robust` (the session
+(the names served instead of ``tf.compat.v1``'s), :mod:`.deeprec` (DeepRec's embedding-variable names),
+:mod:`.robust` (the session
 fixes), ``__main__`` (``python -m tfcluster.tf1 script.py``) and :mod:`.forkserver` (TF1-mode tasks
 forked from one process that imported all of this once, for ``tfcluster local --tf1``).
 """
@@ -221,9 +224,10 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
     contrib = contrib_mod.build(v1, modules[_MNIST_NAMES[1]])
     contrib.learn.datasets.mnist = modules[_MNIST_NAMES[1]]
     contrib.learn.python.learn.datasets.mnist = modules[_MNIST_NAMES[2]]
+    from . import deeprec
     stand_in = TF1Module(real, v1, contrib, modules["tensorflow.examples"], estimator,
                          {"constant": overrides.constant, "train": overrides.train, "keras": overrides.keras,
-                          "distribute": overrides.distribute})
+                          "distribute": overrides.distribute, **deeprec.overrides()})
     # tensorflow.keras is TF1 mode's tf.keras (tf-keras's v1 API), as in TF 1.x; import keras too, where tf-keras is.
     roots = ("contrib", "estimator") + (("keras",) if legacy_keras_available() else ())
     sys.meta_path.insert(0, _TF1Finder(stand_in, roots, modules))

@@ -23,7 +23,7 @@ from ..core import environment, patches
 PROGRESS_INTERVAL_SECS = 1.0
 
 
-class _Proxy(types.ModuleType):
+class Proxy(types.ModuleType):
     """A module that is ``real`` except for the names given."""
 
     def __init__(self, real, **names):
@@ -56,13 +56,13 @@ def distribute(v1):
     as TF1 mode's strategies, which train on TF_CONFIG's cluster (:mod:`.distribute`)."""
     from .distribute import experimental_members
     real = v1.distribute
-    return _Proxy(real, experimental=_Proxy(real.experimental, **experimental_members()))
+    return Proxy(real, experimental=Proxy(real.experimental, **experimental_members()))
 
 
 def train(v1):
     """``tf.train`` with the fair ``SyncReplicasOptimizer``."""
     from ..strategies.sync_replicas import SyncReplicasOptimizer
-    return _Proxy(v1.train, SyncReplicasOptimizer=SyncReplicasOptimizer)
+    return Proxy(v1.train, SyncReplicasOptimizer=SyncReplicasOptimizer)
 
 
 def keras(v1):
@@ -79,9 +79,9 @@ def keras(v1):
     keras_compile_takes_strategies()
     if environment.RESTART_COUNT.get() is not None:   # a task of tfcluster local
         _progress_every_second()
-    estimator = _Proxy(real.estimator, model_to_estimator=model_to_estimator) if hasattr(real, "estimator") \
+    estimator = Proxy(real.estimator, model_to_estimator=model_to_estimator) if hasattr(real, "estimator") \
         else types.SimpleNamespace(model_to_estimator=model_to_estimator)
-    return _Proxy(real, estimator=estimator)
+    return Proxy(real, estimator=estimator)
 
 
 def _slower_bars(original):
