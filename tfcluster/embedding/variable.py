@@ -154,7 +154,8 @@ class Part:
             made = [tf.raw_ops.MutableDenseHashTableV2(
                 empty_key=tf.constant(empty, variable.key_dtype), deleted_key=tf.constant(deleted, variable.key_dtype),
                 value_dtype=dtype, value_shape=[width], initial_num_buckets=INITIAL_BUCKETS,
-                shared_name=self.name + suffix, name=short + suffix.replace("/", "_")) for dtype, width, suffix in tables]
+                shared_name=self.name + suffix, name=short + suffix.replace("/", "_"))
+                for dtype, width, suffix in tables]
         self.values = made[0]
         # New ids take their first rows from a copy of the initial matrix on this part's own device, so a step
         # never waits on another ps for them; the copy is local (not saved) and reads the saved matrix after a
