@@ -150,6 +150,24 @@ def digits_accuracy(mode, wire):
     return None
 
 
+def ctr_auc(embedding_variables: bool, steps: int):
+    """The click-through example's AUC on its held-out file after ``steps`` async steps on 2 ps + 2 workers, with
+    embedding variables or 100,000 hashed rows per column (None when the run failed)."""
+    tmp = tempfile.mkdtemp(prefix="tfcbench-auc-")
+    try:
+        p = subprocess.run([PY, "-m", "tfcluster", "local", "--ps", "2", "--workers", "2", "--log-dir",
+                            os.path.join(tmp, "logs"), "--", PY, os.path.join(REPO, "examples", "click_through_fit.py"),
+                            "--steps", str(steps), "--checkpoint-dir", os.path.join(tmp, "run"), "--data-dir", CLICKS]
+                           + (["--embedding-variables"] if embedding_variables else []),
+                           capture_output=True, text=True, timeout=900, env=child_env())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for line in p.stdout.splitlines():
+        if "click-through at step" in line and " auc " in line:
+            return float(line.split(" auc ", 1)[1].split(",")[0])
+    return None
+
+
 def save_seconds(megabytes=128):
     """A full save of 2 ps' state, sharded and unsharded alternately (scripts/bench/saves.py): its BENCH line
     (seconds per save of each, seconds per restore, the state's bytes), or None when the run failed."""
@@ -162,7 +180,8 @@ def save_seconds(megabytes=128):
 
 
 #: Measurements that are not rows of examples/s, by the name ``--rows`` selects them with.
-MEASURES = {"pull": "pulling a 64 MB variable from a ps", "saves": "a full save of 2 ps' state, sharded or not"}
+MEASURES = {"pull": "pulling a 64 MB variable from a ps", "saves": "a full save of 2 ps' state, sharded or not",
+            "ctr_auc": "the click-through example's AUC with embedding variables and with hashed tables"}
 
 
 # ------------------------------------------------------------------ the rows
@@ -266,6 +285,7 @@ def ctr_rows(steps):
     return {
         "ctr_async": ("ctr", "tfcluster", local(fit("async"), memory=True)),
         "ctr_async_1ps": ("ctr", "tfcluster", local(fit("async"), ps=1, memory=True)),
+        "ctr_async_ev": ("ctr", "tfcluster", local(fit("async", 100_000, "--embedding-variables"), memory=True)),
         "ctr_sync": ("ctr", "tfcluster", local(fit("sync"))),
         "ctr_raw_tf1": ("ctr", "raw TF1", local([raw, "--steps", str(steps), "--data_dir", data],
                                                 extra=["--legacy-flags"])),
@@ -336,7 +356,7 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
                 continue
             runs[name].append(run)
             print(f"bench: {name} rep {rep + 1}/{reps}: {rate:.0f} examples/s ({time.time() - t:.0f}s)", flush=True)
-    extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={}, saves=[],
+    extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={}, saves=[], ctr_auc={"ev": [], "fixed": []},
                  import_cpu={kind: [] for kind in IMPORTS}, import_rss={kind: [] for kind in IMPORTS},
                  tf1_cpu={"fork": [], "no_fork": []}, tf1_wall={"fork": [], "no_fork": []})
     pull_mb = 16 if quick else 64
@@ -350,6 +370,10 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
             wall, cpu = tf1_run_cost(fork)
             extra["tf1_wall"]["fork" if fork else "no_fork"].append(wall)
             extra["tf1_cpu"]["fork" if fork else "no_fork"].append(cpu)
+        if not quick and (only is None or "ctr_auc" in only):
+            for ev in (True, False) if rep % 2 == 0 else (False, True):
+                extra["ctr_auc"]["ev" if ev else "fixed"].append(ctr_auc(ev, steps // 2))
+            print(f"bench: ctr_auc rep {rep + 1}/{reps}: {extra['ctr_auc']}", flush=True)
         if not quick and (only is None or "saves" in only):
             extra["saves"].append(save_seconds())
             print(f"bench: saves rep {rep + 1}/{reps}: {extra['saves'][-1]}", flush=True)

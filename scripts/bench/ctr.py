@@ -47,9 +47,11 @@ p.add_argument("--max-shard-mb", type=float, default=None,
                help="the ps strategy's max_shard_bytes in MB (0: no limit; default: the strategy's)")
 p.add_argument("--split-kb", type=float, default=None,
                help="the ps strategy's partition_min_bytes in KB: split variables this big over every ps")
+p.add_argument("--embedding-variables", action="store_true",
+               help="a row per value in embedding variables (docs/embeddings.md) instead of --buckets hashed rows")
 a = p.parse_args()
 tf1.disable_eager_execution()
-inner = example.make_model_fn(a.buckets)
+inner = example.make_model_fn(a.buckets, option=tfcluster.EmbeddingVariableOption() if a.embedding_variables else None)
 distinct = {}
 
 

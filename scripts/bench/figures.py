@@ -44,6 +44,7 @@ GROUPS = {
     "Horovod program, digits CNN (TF1 mode)": ["hvd_cnn", "hvd_cnn_fp16", "hvd_cnn_collective", "hvd_cnn_single"],
     "click-through, 2 workers (2 ps unless named)": ["ctr_async", "ctr_async_1ps", "ctr_sync", "ctr_raw_tf1",
                                                      "ctr_tf2_pss", "ctr_async_h10k", "ctr_async_h1m", "ctr_sync_h1m",
+                                                     "ctr_async_ev",
                                                      "ctr_async_bf16"],
 }
 #: What a peer cannot express, said in the table instead of a figure, per panel.
@@ -209,6 +210,12 @@ def _ctr(runs, thr, add, pair):
     pair("C4 async at H = 1,000,000 / at H = 10,000", "ctr_async_h1m", "ctr_async_h10k", "ctr", "tfcluster",
          ">= 0.9")
     pair("C5 async on 2 ps / on 1 ps", "ctr_async", "ctr_async_1ps", "ctr", "tfcluster", ">= 1.0")
+    pair("E1 embedding variables / fixed tables (H = 100,000): examples/s", "ctr_async_ev", "ctr_async", "ctr",
+         "tfcluster", ">= 0.9")
+    peaks = {k: _per_run(runs, k, lambda r: sum((r.get("ps_peak") or {}).values()) / 1e6 or None)
+             for k in ("ctr_async_ev", "ctr_async")}
+    add("E1 embedding variables / fixed tables (H = 100,000): the ps' peak memory",
+        ratio(peaks["ctr_async_ev"], peaks["ctr_async"]), "ctr", "tfcluster", "measured")
     for name, row in (("C5 MB a ps holds beyond its variables (peak - state), 2 ps", "ctr_async"),
                       ("C5 MB a ps holds beyond its variables (peak - state), 1 ps", "ctr_async_1ps")):
         add(name, _per_run(runs, row, _beyond_state), "ctr", "tfcluster", "<= 400", unit="MB")
@@ -255,6 +262,11 @@ def _startup(out, runs, extra, add):
         add("P7 ps pull bytes/s / TCP loopback bytes/s", ratio(extra["pull"], extra["tcp"]), "pull", "TCP", ">= 0.5")
         add("P7 one whole variable, as plain TF places it / TCP", ratio(extra["pull_whole"], extra["tcp"]), "pull",
             "plain TF", "peer")
+    auc = extra.get("ctr_auc") or {}
+    if auc.get("ev") and auc.get("fixed"):
+        add("E2 AUC points, embedding variables - fixed tables (H = 100,000), same steps",
+            [100 * (a - b) for a, b in zip(auc["ev"], auc["fixed"]) if a is not None and b is not None], "ctr",
+            "tfcluster", ">= 0", unit="points")
     saves = [r for r in extra.get("saves") or [] if r]
     if saves:
         add("S1 full save seconds, 2 ps: sharded / unsharded",
