@@ -208,6 +208,17 @@ def test_strategies_that_cannot_train_embedding_variables_say_so_in_one_line():
             refuse_embedding_variables(ParameterServerStrategy("sync"))
 
 
+def test_a_scope_s_partitioner_does_not_split_an_embedding_variable_and_reuse_returns_the_same_one():
+    # DeepRec programs make them inside the scopes of their partitioned tables.
+    with tf1.Graph().as_default():
+        with tf1.variable_scope("deep", partitioner=tf1.fixed_size_partitioner(3)):
+            ev = tfcluster.get_embedding_variable("ev", 4, partitions=2)
+        with tf1.variable_scope("deep", reuse=True):
+            again = tfcluster.get_embedding_variable("ev", 4, partitions=2)
+        assert again is ev and ev.name == "deep/ev" and len(ev.parts) == 2
+        assert isinstance(ev.initial, tf.Variable)                  # one matrix, not TF's slices of it
+
+
 def test_string_ids_get_rows_of_their_own():
     with tf1.Graph().as_default():
         ev = tfcluster.get_embedding_variable("ev", 2, key_dtype=tf.string, partitions=2)

@@ -74,16 +74,11 @@ def _classes():
             """Nothing: the variable is made when the column is first looked up."""
 
         def _lookup(self, sparse_tensors, trainable=True):
-            tf = tensorflow_v2()
             from .create import get_embedding_variable
-            tf1 = tf.compat.v1
             column = self.categorical_column
-            with tf1.variable_scope(tf1.get_variable_scope()) as scope:
-                scope.set_partitioner(None)         # its parts are by id, not TF's slices
-                variable = get_embedding_variable(
-                    "embedding_weights", self.dimension, key_dtype=column.dtype, initializer=self.initializer,
-                    trainable=self.trainable and trainable, partitions=column.partition_num,
-                    ev_option=column.ev_option)
+            variable = get_embedding_variable(
+                "embedding_weights", self.dimension, key_dtype=column.dtype, initializer=self.initializer,
+                trainable=self.trainable and trainable, partitions=column.partition_num, ev_option=column.ev_option)
             return embedding_lookup_sparse(variable, sparse_tensors.id_tensor, sparse_tensors.weight_tensor,
                                            combiner=self.combiner, name=f"{self.name}_weights")
 

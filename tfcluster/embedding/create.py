@@ -21,9 +21,11 @@ def get_embedding_variable(name: str, embedding_dim: int, key_dtype=None, initia
     known = [v for v in embedding_variables(tf1.get_default_graph()) if v.name == full]
     if known and scope.reuse:       # a second tower or an eval graph over the same tables (reuse=True)
         return known[0]
-    variable = EmbeddingVariable(name, embedding_dim, key_dtype=key_dtype, initializer=initializer,
-                                 ev_option=ev_option, parts=partitions, devices=devices, trainable=trainable,
-                                 seed=seed)
+    with tf1.variable_scope(scope) as own:
+        own.set_partitioner(None)           # its parts are by id, not TF's slices of its stand-ins
+        variable = EmbeddingVariable(name, embedding_dim, key_dtype=key_dtype, initializer=initializer,
+                                     ev_option=ev_option, parts=partitions, devices=devices, trainable=trainable,
+                                     seed=seed)
     for part in variable.parts:
         variable.graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saving.saveable(part))
     return variable

@@ -137,7 +137,7 @@ def _devices(placed: str, parts) -> list:
 
 
 class Part:
-    """One part of an embedding variable: its two tables on one device."""
+    """One part of an embedding variable on one device: its rows' table, and its waiting ids' where a filter asks."""
 
     def __init__(self, variable: EmbeddingVariable, index: int, device):
         tf = tensorflow_v2()
