@@ -213,3 +213,17 @@ def test_ctrl_c_removes_the_cgroups(tmp_path, procs, launcher_cgroup):
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 130, out[-3000:]
     assert _ours() == before, out[-3000:]
+
+
+def test_a_ps_peak_leaves_out_the_page_cache_of_the_checkpoint_files_it_wrote_but_not_its_libraries(tmp_path):
+    # Sharded saves: each ps writes its own part, and those pages are charged to its cgroup until reclaimed.
+    from tfcluster.launch.memory import Cgroup
+    for version, usage, mapped in ((1, "memory.usage_in_bytes", "mapped_file"), (2, "memory.current", "file_mapped")):
+        cg = Cgroup(version, str(tmp_path), 800 << 20)
+        for used, files in ((700, 300), (650, 50), (790, 500)):
+            (tmp_path / usage).write_text(f"{used << 20}\n")
+            (tmp_path / "memory.stat").write_text(f"anon 1\nactive_file {(files - 40) << 20}\n"
+                                                  f"inactive_file {40 << 20}\n{mapped} {30 << 20}\n")
+            cg.sample()
+        # 700 - 270, 650 - 20, 790 - 470: the ps needed at most 630 MB; its libraries' 30 MB stay counted.
+        assert cg.own_peak == 630 << 20 and cg.own() == 630 << 20

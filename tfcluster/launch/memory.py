@@ -108,6 +108,7 @@ class Cgroup:
     def __init__(self, version: int, path: str, limit: int):
         self.version, self.path, self.limit = version, path, limit
         self.ooms_seen = 0      # OOM kills already reported (a restarted ps keeps its cgroup)
+        self.own_peak = None    # the most seen by sample(): the ps's memory without its written files' cache
 
     def _file(self, v1: str, v2: str) -> str:
         return os.path.join(self.path, v1 if self.version == 1 else v2)
@@ -135,6 +136,23 @@ class Cgroup:
             return int(_read(self._file("memory.max_usage_in_bytes", "memory.peak")).strip())
         except (OSError, ValueError):
             return None
+
+    def sample(self):
+        """Note the memory charged here now, less the page cache of files no process maps: a ps writes its own
+        part of each checkpoint (sharded saves), and those pages count here until the kernel reclaims them,
+        which it does before it kills for memory, so they are not memory the ps needs."""
+        try:
+            usage = int(_read(self._file("memory.usage_in_bytes", "memory.current")).strip())
+            stat = _fields(_read(self._file("memory.stat", "memory.stat")))
+        except (OSError, ValueError):
+            return
+        cached = stat.get("active_file", 0) + stat.get("inactive_file", 0)
+        cached -= stat.get("mapped_file" if self.version == 1 else "file_mapped", 0)    # libraries stay counted
+        self.own_peak = max(self.own_peak or 0, usage - max(cached, 0))
+
+    def own(self) -> Optional[int]:
+        """The ps's peak without its written files' page cache (sampled), else the cgroup's peak."""
+        return self.own_peak if self.own_peak else self.peak()
 
     def oom_killed(self, returncode: Optional[int]) -> bool:
         """True when the kernel's OOM killer struck here since the last call (a process that died by SIGKILL)."""
@@ -212,9 +230,20 @@ class MemoryLimits:
         _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
         _write(control, "+memory")
 
+    def sample(self):
+        """Sample every ps's memory (:meth:`Cgroup.sample`); the supervisor calls it as it polls."""
+        for cg in self.cgroups.values():
+            cg.sample()
+
     def peaks_line(self) -> str:
-        """``ps memory: ps:0 peak 620.6 MB, ...; limit 800.0 MB each (--ps-memory, cgroup v1)``."""
-        peaks = ", ".join(f"{name} peak {human(cg.peak())}" for name, cg in self.cgroups.items())
+        """``ps memory: ps:0 peak 620.6 MB (800.0 MB with its checkpoint files' page cache), ...; limit 800.0 MB
+        each (--ps-memory, cgroup v1)``."""
+        def peak(cg):
+            own, charged = cg.own(), cg.peak()
+            cached = f" ({human(charged)} with its checkpoint files' page cache)" \
+                if own is not None and charged is not None and charged - own > 1 << 20 else ""
+            return f"peak {human(own)}{cached}"
+        peaks = ", ".join(f"{name} {peak(cg)}" for name, cg in self.cgroups.items())
         return f"ps memory: {peaks}; limit {human(self.limit)} each (--ps-memory, cgroup v{self.version})"
 
     def place(self, procs, state_record: str):

@@ -144,6 +144,8 @@ class LocalLauncher:
                     return Ending.TASK_FAILED, code, p.task
             if all(p.returncode == 0 for p in trainers) or self._left_in_join(trainers):
                 break
+            if self.memory is not None:
+                self.memory.sample()
             time.sleep(_POLL)
         return self._finish(trainers, self._deadline)
 
