@@ -5,6 +5,7 @@ The one-process tests compare each optimizer's rows with TensorFlow's own update
 same rows; the cluster test trains on 2 ps + 2 workers and restores the chief's checkpoint in one process.
 """
 
+import glob
 import json
 import os
 import re
@@ -97,6 +98,10 @@ def test_two_lookups_of_one_variable_in_a_step_train_each_row_once_with_their_su
                 session.run([train, reference], {a: [1, 2, 3, step], b: [3, 4, 1]})
             got, want = session.run([ev.lookup(every), tf.nn.embedding_lookup(table, every)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def step_of(prefix):
+    return int(prefix.rsplit("-", 1)[1])
 
 
 def _saved(path, name):
@@ -304,7 +309,7 @@ def test_a_deeprec_wide_and_deep_program_runs_unchanged_in_tf1_mode_on_two_ps(tm
     ckpt = tmp_path / "ckpt"
     code, out = run_local(tmp_path, "--tf1", "--ps", "2", "--workers", "2", "--timeout", "220", "--", sys.executable,
                           DEEPREC, "--checkpoint_dir", str(ckpt), "--data_dir", str(tmp_path / "data"), "--steps",
-                          "300", timeout=280)
+                          "300", "--incremental_ckpt", "1", timeout=280)
     assert code == 0, out[-4000:]
     final = json.loads(re.search(r"FINAL (.*)", out).group(1))
     assert final["step"] >= 300 and final["eval_loss"] < 0.52, final     # a constant guess scores 0.56
@@ -322,3 +327,13 @@ def test_a_deeprec_wide_and_deep_program_runs_unchanged_in_tf1_mode_on_two_ps(tm
         assert reader.get_tensor(f"{name}/part_0-values").shape[1] == 8
     waiting = reader.get_tensor("model/dnn/input_layer/C26_embedding/embedding_weights/part_0-freqs_filtered")
     assert len(waiting) and (waiting == 1).all()                                   # C26's long tail waits
+    # DeepRec's incremental checkpoints (MonitoredTrainingSession's save_incremental_checkpoint_secs=1): between
+    # full saves, increments of the rows written since the last save, each ps writing its own, smaller than a full.
+    increments = glob.glob(str(ckpt / "increments" / "model.ckpt-*" / "model.ckpt-*.index"))
+    assert increments, out[-3000:]
+    increment = increments[-1][:-len(".index")]
+    full = os.path.join(str(ckpt), os.path.basename(os.path.dirname(increment)))
+    assert len(glob.glob(increment + ".data-*")) == 2 and step_of(increment) > step_of(full)
+    name = "model/dnn/input_layer/C26_embedding/embedding_weights/part_0-keys"     # a long tail
+    rows = [len(tf.train.load_checkpoint(p).get_tensor(name)) for p in (increment, full)]
+    assert 0 < rows[0] < rows[1], rows

@@ -35,7 +35,7 @@ LAYERS = [
                   ["runtime"]])],
     [("data", [["data.pipeline", "data.loaders"], ["data"]])],
     [("embedding", [["embedding.options"], ["embedding.variable"], ["embedding.saving", "embedding.updates"],
-                    ["embedding.create"], ["embedding.columns"], ["embedding"]])],
+                    ["embedding.increments"], ["embedding.create"], ["embedding.columns"], ["embedding"]])],
     [("graph", [["graph.model", "graph.placement", "graph.wire", "graph.inplace_reads", "graph.lazy_adam",
                 "graph.step"], ["graph.repartition"], ["graph.sparse", "graph.traffic"],
                 ["graph"]])],

@@ -22,6 +22,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--checkpoint_dir", required=True)
 p.add_argument("--data_dir", required=True)
 p.add_argument("--steps", type=int, default=200)
+p.add_argument("--incremental_ckpt", type=int, default=None)
 args = p.parse_args()
 
 tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
@@ -91,6 +92,7 @@ class FinalLoss(tf.train.SessionRunHook):
 
 hooks = [tf.train.StopAtStepHook(last_step=args.steps)] + ([FinalLoss()] if index == 0 else [])
 with tf.train.MonitoredTrainingSession(master=target, is_chief=index == 0, checkpoint_dir=args.checkpoint_dir,
-                                       hooks=hooks, save_checkpoint_steps=50, save_summaries_steps=None) as sess:
+                                       hooks=hooks, save_checkpoint_steps=50, save_summaries_steps=None,
+                                       save_incremental_checkpoint_secs=args.incremental_ckpt) as sess:
     while not sess.should_stop():
         sess.run(train_op)

@@ -3,7 +3,8 @@
 :mod:`.options` holds what a variable is told (DeepRec's option names),
 :mod:`.variable` the variable, its parts on the ps and its lookup,
 :mod:`.updates` how TF 1.x optimizers train it, :mod:`.saving` how each
-part saves and restores itself, evicting as it saves, :mod:`.create` the
+part saves and restores itself, evicting as it saves, :mod:`.increments`
+the saves of only the rows written since the last one, :mod:`.create` the
 function that makes one with all of that, and :mod:`.columns` the feature
 columns and sparse lookups over them. docs/embeddings.md,
 "Embedding variables", says what is served and how it is measured.

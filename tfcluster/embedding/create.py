@@ -13,9 +13,9 @@ def get_embedding_variable(name: str, embedding_dim: int, key_dtype=None, initia
     optimizers learn to train it."""
     tf = tensorflow_v2()
     tf1 = tf.compat.v1
-    from . import saving, updates
+    from . import increments, saving, updates
     updates.install()
-    saving.install()
+    increments.install()
     scope = tf1.get_variable_scope()
     full = f"{scope.name}/{name}" if scope.name else name
     known = [v for v in embedding_variables(tf1.get_default_graph()) if v.name == full]

@@ -10,12 +10,12 @@ part drops, from both tables, the rows its eviction option names: untouched
 for more than ``steps_to_live`` global steps (the newest step the part saw
 where the graph has no global step), or weights of L2 norm below
 ``l2_weight_threshold`` (DeepRec evicts at each save as well). A restore puts
-back exactly what was saved.
+back exactly what was saved. A full save also starts the next increment afresh
+(:mod:`.increments`).
 """
 
-import functools
+import contextlib
 
-from ..core import patches
 from .variable import Part, pack, tensorflow_v2, unpack
 
 #: The names a part saves, in its saveable's order.
@@ -60,7 +60,8 @@ def saved_tensors(part: Part) -> list:
     tf = tensorflow_v2()
     v = part.variable
     d = v.dim
-    with tf.device(part.device), tf.name_scope(f"save_{part.name.replace('/', '_')}"):
+    with tf.device(part.device), tf.name_scope(f"save_{part.name.replace('/', '_')}"), \
+            tf.control_dependencies([part.take_marked()]):      # increments start afresh at a full save
         (keys, rows), (waiting, meta) = part.export()
         freqs, versions = unpack(rows)
         evict, evict_waiting = tf.zeros_like(freqs, tf.bool), tf.zeros_like(meta[:, 0], tf.bool)
@@ -84,9 +85,18 @@ def saved_tensors(part: Part) -> list:
                     tf.boolean_mask(meta[:, 0], kept_waiting), tf.boolean_mask(meta[:, 1], kept_waiting)]
 
 
-def restore_part(part: Part, keys, values, slots, freqs, versions, keys_filtered, freqs_filtered,
-                 versions_filtered, which=None):
-    """The op replacing ``part``'s tables by these saved tensors; ``which``: a mask of the ids it keeps."""
+def restore_part(part: Part, *saved, which=None):
+    """The op replacing ``part``'s tables by these saved tensors (:data:`FIELDS`); ``which``: a mask of the ids it
+    keeps."""
+    tf = tensorflow_v2()
+    with tf.device(part.device), tf.control_dependencies(part.clear()):     # the saved ids alone, as a restore
+        return apply_part(part, *saved, which=which)
+
+
+def apply_part(part: Part, keys, values, slots, freqs, versions, keys_filtered, freqs_filtered, versions_filtered,
+               which=None):
+    """The op writing these saved rows and waiting counts (:data:`FIELDS`) into ``part``'s tables over what they
+    hold; an id given a row stops waiting. ``which``: a mask of the ids it keeps."""
     tf = tensorflow_v2()
     v = part.variable
     d = v.dim
@@ -98,13 +108,13 @@ def restore_part(part: Part, keys, values, slots, freqs, versions, keys_filtered
             mine, mine_waiting = which(keys), which(keys_filtered)
             keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
             keys_filtered, meta = tf.boolean_mask(keys_filtered, mine_waiting), tf.boolean_mask(meta, mine_waiting)
-        with tf.control_dependencies(part.clear()):     # the saved ids alone, as a variable's restore replaces it
-            ops = [tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=keys,
-                                                  values=tf.reshape(rows, [-1, v.width]))]
-            if part.unadmitted is not None:     # a variable restored without its filter forgets who waited
-                ops.append(tf.raw_ops.LookupTableInsertV2(table_handle=part.unadmitted, keys=keys_filtered,
-                                                          values=tf.reshape(meta, [-1, 2])))
-            return tf.group(*ops)
+        ops = [tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=keys,
+                                              values=tf.reshape(rows, [-1, v.width]))]
+        if part.unadmitted is not None:     # a variable restored without its filter forgets who waited
+            ops += [tf.raw_ops.LookupTableRemoveV2(table_handle=part.unadmitted, keys=keys),
+                    tf.raw_ops.LookupTableInsertV2(table_handle=part.unadmitted, keys=keys_filtered,
+                                                   values=tf.reshape(meta, [-1, 2]))]
+        return tf.group(*ops)
 
 
 def saved_parts(names, variable) -> int:
@@ -115,7 +125,7 @@ def saved_parts(names, variable) -> int:
     return n
 
 
-def _read_part(prefix, name: str, variable):
+def read_part(prefix, name: str, variable):
     """The saved tensors of part ``name`` of ``variable`` (RestoreV2 on the current device)."""
     tf = tensorflow_v2()
     from tensorflow.python.ops import io_ops
@@ -124,15 +134,16 @@ def _read_part(prefix, name: str, variable):
     return io_ops.restore_v2(prefix, [f"{name}-{f}" for f in FIELDS], [""] * len(FIELDS), dtypes)
 
 
-def _fill_ops(variables, names, prefix) -> list:
-    """Ops that fill every part of ``variables`` from every saved part, each part keeping its own ids."""
+def fill_ops(variables, names, prefix, write=restore_part) -> list:
+    """Ops that ``write`` (:func:`restore_part`, :func:`apply_part`) every part of ``variables`` from every part
+    saved in ``prefix`` (whose tensor ``names`` are these), each part keeping its own ids."""
     tf = tensorflow_v2()
     ops = []
     for v in variables:
         count = saved_parts(names, v)
         for part in v.parts:
             with tf.device(part.device):
-                saved = [_read_part(prefix, f"{v.name}/part_{j}", v) for j in range(count)]
+                saved = [read_part(prefix, f"{v.name}/part_{j}", v) for j in range(count)]
                 tensors = [tf.concat([s[i] for s in saved], 0) for i in range(len(FIELDS))] if saved else None
             if tensors is None:
                 continue
@@ -140,57 +151,57 @@ def _fill_ops(variables, names, prefix) -> list:
 
             def mine(keys, v=v, index=index):
                 return tf.equal(v.part_of(keys), index)
-            ops.append(restore_part(part, *tensors, which=mine))
+            ops.append(write(part, *tensors, which=mine))
     return ops
+
+
+@contextlib.contextmanager
+def ops_added(graph, scope: str):
+    """Add ops to ``graph`` (also where a session's graph was finalized: the session runs them all the same)."""
+    tf = tensorflow_v2()
+    finalized = graph.finalized
+    if finalized:
+        graph._unsafe_unfinalize()
+    try:
+        with graph.as_default(), tf.control_dependencies(None), tf.compat.v1.name_scope(scope):
+            yield
+    finally:
+        if finalized:
+            graph.finalize()
+
+
+def parts_saved_by(saver) -> list:
+    """The embedding-variable parts ``saver`` saves (:class:`~.variable.Part`)."""
+    saved = saver._var_list or []
+    return [s.part for s in (saved.values() if isinstance(saved, dict) else saved) if is_part_saveable(s)]
+
+
+def is_part_saveable(saveable) -> bool:
+    """Whether ``saveable`` is an embedding-variable part's."""
+    return isinstance(saveable, _saveable_class_cached())
 
 
 def remap_restore(saver, sess, prefix: str) -> bool:
     """Restore ``prefix`` through ``saver`` with each embedding variable read by id from however many parts saved
     it; False (nothing done) when the parts saved are the parts now, so the Saver's own restore is right."""
     tf = tensorflow_v2()
-    var_list = saver._var_list or []
-    ours = [s for s in var_list if isinstance(s, _saveable_class_cached())]
-    if not ours:
+    parts = parts_saved_by(saver)
+    if not parts:
         return False
     try:
         names = set(tf.train.load_checkpoint(prefix).get_variable_to_dtype_map())
     except (tf.errors.OpError, ValueError):
         return False        # Saver.restore says what is wrong in its own words
-    variables = list({id(s.part.variable): s.part.variable for s in ours}.values())
+    variables = list({id(p.variable): p.variable for p in parts}.values())
     if all(saved_parts(names, v) == len(v.parts) for v in variables):
         return False
-    graph = sess.graph
-    finalized = graph.finalized
-    if finalized:
-        graph._unsafe_unfinalize()      # the session was made from a finalized graph; it runs the added ops too
-    try:
-        with graph.as_default(), tf.control_dependencies(None), tf.compat.v1.name_scope("tfcluster_ev_restore"):
-            fill = tf.group(*_fill_ops(variables, names, prefix))
-            rest = [s for s in var_list if not isinstance(s, _saveable_class_cached())]
-            others = tf.compat.v1.train.Saver(rest, sharded=saver._sharded, allow_empty=True) if rest else None
-    finally:
-        if finalized:
-            graph.finalize()
+    with ops_added(sess.graph, "tfcluster_ev_restore"):
+        fill = tf.group(*fill_ops(variables, names, prefix))
+        rest = saver._var_list
+        rest = {k: x for k, x in rest.items() if not is_part_saveable(x)} if isinstance(rest, dict) \
+            else [x for x in rest if not is_part_saveable(x)]
+        others = tf.compat.v1.train.Saver(rest, sharded=saver._sharded, allow_empty=True) if rest else None
     sess.run(fill)
     if others is not None:
         others.restore(sess, prefix)
     return True
-
-
-def _restoring(restore):
-    @functools.wraps(restore)
-    def restoring(self, sess, save_path):
-        if sess is None or save_path is None or self._is_empty or not remap_restore(self, sess, str(save_path)):
-            return restore(self, sess, save_path)
-    return restoring
-
-
-patches.register(patches.Patch(
-    "embedding.restore", "tensorflow.python.training.saver:Saver.restore",
-    "a restore reads an embedding variable saved in another number of parts by id", _restoring,
-    "the first embedding variable a graph makes", params=("self", "sess", "save_path")))
-
-
-def install():
-    """Restore embedding variables by id from any number of saved parts (once per process)."""
-    patches.install("embedding.restore")

@@ -9,7 +9,8 @@ adds, to the updates it passes to the optimizer's own ``_finish`` (so Adam's
 beta powers move after them, as after any update), one update per part: on
 that part's ps, the batch's ids summed once, their counts and last step
 written, and each admitted id's row read, changed by the optimizer's own rule
-and written back whole. Only the touched rows cross the wire, each way.
+and written back whole, and then the ids marked for the next incremental save.
+Only the touched rows cross the wire, each way.
 
 The rules are TF 1.x's sparse ones: GradientDescent, Adagrad, Ftrl (its
 ``l2_shrinkage`` and ``beta`` included) and Adam as LazyAdam (the moments of
@@ -33,7 +34,7 @@ def _sgd(opt, w, s1, s2, g):
 def _adagrad(opt, w, s1, s2, g):
     init = opt._initial_accumulator_value
     accum = s1 + init + g * g
-    return w - opt._learning_rate_tensor * g * _rsqrt(accum), accum - init, s2
+    return w - opt._learning_rate_tensor * g * tensorflow_v2().math.rsqrt(accum), accum - init, s2
 
 
 def _ftrl(opt, w, s1, s2, g):
@@ -60,11 +61,6 @@ def _adam(opt, w, s1, s2, g):
     m = b1 * s1 + (1 - b1) * g
     v = b2 * s2 + (1 - b2) * g * g
     return w - lr * m / (tf.sqrt(v) + eps), m, v
-
-
-def _rsqrt(x):
-    tf = tensorflow_v2()
-    return tf.math.rsqrt(x)
 
 
 def rule(optimizer, name: str):
@@ -143,7 +139,8 @@ def _train_part(optimizer, update, v, part, ids, counts, grad, global_step):
     new_rows = tf.concat([w, s1, s2, pack(seen, step)], 1)
     ops.append(tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=tf.boolean_mask(ids, admitted),
                                               values=tf.boolean_mask(new_rows, admitted)))
-    return tf.group(*ops)
+    with tf.control_dependencies(ops):      # marked after the writes, for the next incremental save (.increments)
+        return part.mark(ids)
 
 
 def _computing(compute):

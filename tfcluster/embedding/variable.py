@@ -168,6 +168,13 @@ class Part:
                     collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
         #: ``[count, last step]`` of the ids training saw but has not admitted (None with no filter).
         self.unadmitted = made[1] if len(made) > 1 else None
+        # The ids updates wrote since the last save, for incremental saves (.increments); keys alone, so a few
+        # bytes an id against a row's hundreds.
+        with tf.device(device):
+            self.touched = tf.raw_ops.MutableDenseHashTableV2(
+                empty_key=tf.constant(empty, variable.key_dtype), deleted_key=tf.constant(deleted, variable.key_dtype),
+                value_dtype=tf.bool, value_shape=[], initial_num_buckets=INITIAL_BUCKETS,
+                shared_name=self.name + "/touched", name=short + "_touched")
 
     def _export(self, table, dtype):
         tf = tensorflow_v2()
@@ -178,6 +185,25 @@ class Part:
         empty, deleted = EMPTY_KEYS[v.key_dtype.name]
         used = tf.logical_and(tf.not_equal(keys, empty), tf.not_equal(keys, deleted))      # not free buckets
         return tf.boolean_mask(keys, used), tf.boolean_mask(values, used)
+
+    def mark(self, keys):
+        """The op recording that an update wrote the rows or counts of ``keys`` (run it after the writes)."""
+        tf = tensorflow_v2()
+        return tf.raw_ops.LookupTableInsertV2(table_handle=self.touched, keys=keys,
+                                              values=tf.ones(tf.shape(keys), tf.bool))
+
+    def take_marked(self):
+        """The ids marked since the last take, unmarked before the returned tensor is computed: a save reads their
+        rows after this, so an update that marks an id later is in the next save (.increments)."""
+        tf = tensorflow_v2()
+        v = self.variable
+        keys, _ = tf.raw_ops.LookupTableExportV2(table_handle=self.touched, Tkeys=v.key_dtype, Tvalues=tf.bool)
+        keys = tf.reshape(keys, [-1])
+        empty, deleted = EMPTY_KEYS[v.key_dtype.name]
+        keys = tf.boolean_mask(keys, tf.logical_and(tf.not_equal(keys, empty), tf.not_equal(keys, deleted)))
+        unmark = tf.raw_ops.LookupTableRemoveV2(table_handle=self.touched, keys=keys)
+        with tf.control_dependencies([unmark]):
+            return tf.identity(keys)
 
     def tables(self) -> list:
         """``(table, value dtype)`` of each of this part's tables."""

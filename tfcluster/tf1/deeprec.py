@@ -7,13 +7,29 @@ with ``embedding_column`` over it, and ``tf.nn.embedding_lookup`` /
 ``embedding_lookup_sparse`` / ``safe_embedding_lookup_sparse`` of an embedding
 variable, all served by :mod:`tfcluster.embedding` (DeepRec-AI/DeepRec
 docs/docs_en/Embedding-Variable.md lists them). DeepRec's storage tiers and
-other options of its own are refused in one line.
+other options of its own are refused in one line. Its incremental checkpoints
+(docs/docs_en/Incremental-Checkpoint.md): ``tf.train.MonitoredTrainingSession``'s
+``save_incremental_checkpoint_secs``, ``tf.train.CheckpointSaverHook``'s
+``incremental_save_secs``, and ``incremental_save_restore`` of ``tf.train.Saver``
+and ``tf.train.Scaffold`` (every restore applies increments, so it asks nothing
+more), served by :mod:`tfcluster.embedding.increments`.
 """
+
+import functools
+import inspect
+import logging
+import os
+import time
 
 from .. import embedding
 from ..core.errors import SpecError
 from ..embedding import columns
+from ..embedding.increments import Increments
+from ..runtime.checkpoints import step_in_name
 from .overrides import Proxy
+from .overrides import train as tf1_mode_train
+
+log = logging.getLogger("tfcluster")
 
 #: DeepRec's option classes, served at the top of ``tensorflow`` as DeepRec has them.
 OPTIONS = ("EmbeddingVariableOption", "InitializerOption", "CounterFilter", "CBFFilter", "GlobalStepEvict",
@@ -72,9 +88,87 @@ def feature_column(v1):
                   embedding_column=columns.embedding_column(real.embedding_column))
 
 
+def _increment_hook(v1):
+    class IncrementSaverHook(v1.train.SessionRunHook):
+        """Every ``secs`` seconds, the rows of embedding variables written since the last save, as an increment of
+        the newest full checkpoint in ``checkpoint_dir`` (DeepRec's incremental checkpoints)."""
+
+        def __init__(self, checkpoint_dir, secs):
+            self.checkpoint_dir, self.secs = checkpoint_dir, float(secs)
+            self.increments, self._last = None, time.monotonic()
+
+        def begin(self):
+            graph = v1.get_default_graph()
+            if not embedding.embedding_variables(graph):
+                log.warning("incremental checkpoints save the rows of embedding variables, and this model has "
+                            "none; the chief saves full checkpoints only")
+                return
+            self.increments = Increments(graph, sharded=True)       # as TF 1.x's Scaffold saver: each ps its own
+            self._step = v1.train.get_global_step(graph)
+
+        def after_run(self, run_context, run_values):
+            if self.increments is None or time.monotonic() - self._last < self.secs:
+                return
+            self._last = time.monotonic()
+            base = v1.train.latest_checkpoint(self.checkpoint_dir)
+            step = int(run_context.session.run(self._step))
+            if base is not None and step > step_in_name(base):
+                path = self.increments.save(run_context.session, base, step)
+                log.info("saved increment %s of %s", os.path.basename(path), os.path.basename(base))
+    return IncrementSaverHook
+
+
+def train(v1):
+    """TF1 mode's ``tf.train`` (:func:`.overrides.train`) with DeepRec's incremental-checkpoint arguments."""
+    real = tf1_mode_train(v1)
+    hook = _increment_hook(v1)
+    mts = real.MonitoredTrainingSession
+    signature = inspect.signature(mts)
+
+    @functools.wraps(mts)
+    def MonitoredTrainingSession(*args, save_incremental_checkpoint_secs=None, **kwargs):
+        bound = signature.bind_partial(*args, **kwargs)
+        given = bound.arguments
+        if save_incremental_checkpoint_secs and given.get("is_chief", True) and given.get("checkpoint_dir"):
+            given["chief_only_hooks"] = list(given.get("chief_only_hooks") or []) + [
+                hook(given["checkpoint_dir"], save_incremental_checkpoint_secs)]
+        return mts(*bound.args, **bound.kwargs)
+
+    class Saver(real.Saver):
+        """``tf.train.Saver``; ``incremental_save_restore`` is taken (every restore applies increments)."""
+
+        def __init__(self, *args, incremental_save_restore=False, incremental_include_normal_var=False, **kwargs):
+            super().__init__(*args, **kwargs)
+
+    class Scaffold(real.Scaffold):
+        """``tf.train.Scaffold``; ``incremental_save_restore`` is taken (every restore applies increments)."""
+
+        def __init__(self, *args, incremental_save_restore=False, **kwargs):
+            super().__init__(*args, **kwargs)
+
+    class CheckpointSaverHook(real.CheckpointSaverHook):
+        """``tf.train.CheckpointSaverHook``, with increments every ``incremental_save_secs`` between its saves."""
+
+        def __init__(self, checkpoint_dir, *args, incremental_save_secs=None, **kwargs):
+            super().__init__(checkpoint_dir, *args, **kwargs)
+            self._increments = hook(checkpoint_dir, incremental_save_secs) if incremental_save_secs else None
+
+        def begin(self):
+            super().begin()
+            if self._increments is not None:
+                self._increments.begin()
+
+        def after_run(self, run_context, run_values):
+            super().after_run(run_context, run_values)
+            if self._increments is not None:
+                self._increments.after_run(run_context, run_values)
+    return Proxy(real, MonitoredTrainingSession=MonitoredTrainingSession, Saver=Saver, Scaffold=Scaffold,
+                 CheckpointSaverHook=CheckpointSaverHook)
+
+
 def overrides() -> dict:
     """TF1 mode's names for DeepRec's API: ``{name: function of tf.compat.v1 making the value}``."""
     names = {"get_embedding_variable": lambda v1: get_embedding_variable, "nn": nn,
-             "feature_column": feature_column}
+             "feature_column": feature_column, "train": train}
     names.update({option: (lambda v1, option=option: getattr(embedding, option)) for option in OPTIONS})
     return names

@@ -22,6 +22,7 @@ A front end adds what is its own (Keras's saver, the Estimator's listeners
 and step log, fit's progress lines) through the hooks' slots.
 """
 
+import logging
 import os
 from typing import Callable, Optional
 
@@ -30,10 +31,12 @@ from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..runtime.server import task_server, wait_for_cluster
 from ..runtime.shutdown import serve_as_ps
 from ..topology.cluster import Role
-from .hooks import STILL_SECS, CheckpointHook, trainers_done
+from .hooks import STILL_SECS, CheckpointHook, IncrementHook, trainers_done
 from .liveness import CHIEF_TIMEOUT_SECS, heartbeat
 from .savers import checkpoint_saver, sharding
 from .session import MAX_RECOVERIES, STARTUP_TIMEOUT_SECS, STEP_TIMEOUT_SECS, TrainingSession
+
+log = logging.getLogger("tfcluster")
 
 
 def part_of(cluster, what: str) -> Optional[Role]:
@@ -104,6 +107,18 @@ class RunAssembly:
         that every ps writes the checkpoint dir."""
         return checkpoint_saver(self.sharded, **kwargs)
 
+    def _increments(self, train_graph, session, steps, secs) -> list:
+        """The chief's increment hook, where the model has embedding variables to save by increments."""
+        from ..embedding import embedding_variables
+        from ..embedding.increments import Increments
+        graph = train_graph.global_step.graph
+        if not embedding_variables(graph):
+            log.warning("%s: incremental checkpoints save the rows of embedding variables, and this model has none; "
+                        "the chief saves full checkpoints only", self.name)
+            return []
+        return [IncrementHook(session.call, Increments(graph, self.sharded), self.checkpoints, save_steps=steps,
+                              save_secs=secs, name=self.name)]
+
     def session(self, train_graph, *, config, saver=None, extra_local_init=(), **scaffold) -> TrainingSession:
         """The run's TrainingSession; ``scaffold``: TF's ``init_fn`` and ``init_feed_dict``."""
         return TrainingSession(
@@ -114,14 +129,16 @@ class RunAssembly:
 
     def hooks(self, train_graph, session, *, saver=None, save_steps=None, save_secs=None,
               checkpoint_hook: Callable = CheckpointHook, own=(), summary=None, chief=(), after=(),
-              still_secs: Optional[float] = STILL_SECS, **waits) -> list:
+              still_secs: Optional[float] = STILL_SECS, increment_steps=None, increment_secs=None,
+              **waits) -> list:
         """Every hook of the run, in its one order.
 
         First the wait for the other trainers (the chief's final save must
         hold their last steps; ``waits`` and ``still_secs`` tune it), then the
         front end's ``own``, the ``summary`` hook, the chief's checkpoints (by
         ``checkpoint_hook``, every ``save_steps`` / ``save_secs``, when a
-        ``saver`` is given) and ``chief`` hooks, the chief's heartbeat, and
+        ``saver`` is given, and its increments every ``increment_steps`` /
+        ``increment_secs``) and ``chief`` hooks, the chief's heartbeat, and
         ``after`` last.
         """
         hooks = trainers_done(train_graph, self.cluster, self.is_chief, self.name, still_secs=still_secs, **waits)
@@ -130,6 +147,8 @@ class RunAssembly:
             self.checkpoints = checkpoint_hook(session.call, saver, self.checkpoint_dir, train_graph.global_step,
                                                name=self.name, save_steps=save_steps, save_secs=save_secs)
             hooks.append(self.checkpoints)
+            if increment_steps or increment_secs is not None:
+                hooks += self._increments(train_graph, session, increment_steps, increment_secs)
         hooks += list(chief) if self.is_chief else []
         beat = heartbeat(train_graph, self.cluster, self.name, self.chief_timeout_secs, self.checkpoint_dir)
         return hooks + ([beat] if beat is not None else []) + list(after)

@@ -16,7 +16,7 @@ from typing import Optional
 from ..core.errors import CheckpointSaveError
 from ..core.tferrors import summary
 from ..graph.step import Hook, RunArgs
-from ..runtime.checkpoints import CHECKPOINT_NAME, remove_partial, write_done_marker
+from ..runtime.checkpoints import CHECKPOINT_NAME, remove_partial, step_in_name, write_done_marker
 from .timer import Every
 
 log = logging.getLogger("tfcluster")
@@ -63,6 +63,8 @@ class CheckpointHook(Hook):
         self._every = Every(steps=save_steps, secs=save_secs or None)
         self._step = self._saved_step = None
         self._finished = True       # False after interrupted(): no done marker, the run comes back
+        #: Whether the last save failed (increments wait for a full save: the failed one took their marks).
+        self.failed = False
 
     def begin(self):
         """Make the global-step read the first session uses."""
@@ -93,12 +95,13 @@ class CheckpointHook(Hook):
                         self.name, CHECKPOINT_NAME, step, type(e).__name__, summary(e),
                         f"; removed its partial files {', '.join(removed)}" if removed else "", last,
                         "" if final else "; training goes on")
+            self.failed = True
             if final:
                 raise CheckpointSaveError(f"{self.name} could not save its final checkpoint {CHECKPOINT_NAME}-{step}: "
                                           f"{summary(e)}; the latest checkpoint is {last}") from None
             return None
         log.info("%s saved checkpoint %s", self.name, os.path.basename(path))
-        self.checkpoint, self._saved_step = path, step
+        self.checkpoint, self._saved_step, self.failed = path, step, False
         return path
 
     def interrupted(self, global_step: int):
@@ -123,6 +126,52 @@ class CheckpointHook(Hook):
             self.save(self._step, final=True)
         if self._finished:
             write_done_marker(self.checkpoint_dir, self._step, self.checkpoint)
+
+
+class IncrementHook(Hook):
+    """The chief's incremental saves between the full ones of ``checkpoints`` (a :class:`CheckpointHook`): every
+    ``save_steps`` steps or ``save_secs`` seconds, the rows of embedding variables written since the last save
+    (:mod:`tfcluster.embedding.increments`, through ``increments``)."""
+
+    def __init__(self, call, increments, checkpoints: CheckpointHook, *, save_steps: Optional[int] = None,
+                 save_secs: Optional[float] = None, name: str = "chief"):
+        self._call, self.increments, self.checkpoints, self.name = call, increments, checkpoints, name
+        self._every = Every(steps=save_steps, secs=save_secs)
+        self._broken = None     # the full checkpoint whose increments a failed one ended
+        self._base = self       # the full checkpoint the period counts from (none seen yet)
+
+    def after_run(self, run_context, run_values):
+        """Save an increment a period after the last save of either kind, where there is a full one to add it to."""
+        gs = run_values.global_step
+        base = self.checkpoints.checkpoint
+        if base != self._base:      # a full save (or the first step) starts the period afresh
+            self._base = base
+            self._every.mark(step_in_name(base) if base else gs)
+        if gs >= run_context.last_step or not self._every.due(gs):
+            return      # the final save is a full one
+        self._every.mark(gs)
+        # No chain to add to: before the first full save, after a failed one (it took the marks of what was
+        # written), after a failed increment, or at the full save's own step.
+        if base is None or self.checkpoints.failed or base == self._broken or gs == step_in_name(base):
+            return
+        self.save(base, gs)
+
+    def save(self, base: str, step: int) -> Optional[str]:
+        """Write the increment of full checkpoint ``base`` at ``step``; a failure is one line, and increments wait
+        for the next full save."""
+        from ..embedding.increments import increments_dir
+        try:
+            path = self._call(lambda s: self.increments.save(s, base, step))
+        except (OSError, _op_error()) as e:
+            self._broken = base
+            prefix = os.path.join(increments_dir(base), CHECKPOINT_NAME)
+            remove_partial(os.path.dirname(prefix), f"{prefix}-{step}")
+            log.warning("%s could not save the increment of %s at step %d (%s: %s); increments resume after the "
+                        "next full checkpoint", self.name, os.path.basename(base), step, type(e).__name__,
+                        summary(e))
+            return None
+        log.info("%s saved increment %s of %s", self.name, os.path.basename(path), os.path.basename(base))
+        return path
 
 
 class TrainersDone(Hook):

@@ -73,6 +73,8 @@ class FitConfig:
 
     - ``save_checkpoint_steps`` / ``save_checkpoint_secs``: how often the chief
       saves (either may be None); ``keep_checkpoints``: how many it keeps.
+    - ``save_incremental_checkpoint_steps`` / ``_secs``: between those, how often the chief saves the rows
+      of embedding variables written since its last save (DeepRec's incremental checkpoints; None: never).
     - ``summary_steps``: TensorBoard summaries every N steps (None: none).
     - ``log_every_secs``: a progress line per worker this often.
     - ``evaluator_timeout_secs``: the evaluator gives up after this long without a new checkpoint.
@@ -86,6 +88,8 @@ class FitConfig:
 
     save_checkpoint_steps: Optional[int] = None
     save_checkpoint_secs: Optional[float] = 60.0
+    save_incremental_checkpoint_steps: Optional[int] = None
+    save_incremental_checkpoint_secs: Optional[float] = None
     summary_steps: Optional[int] = 100
     log_every_secs: float = 5.0
     keep_checkpoints: int = 5
@@ -98,10 +102,11 @@ class FitConfig:
     log_placement: bool = False
 
     def __post_init__(self):
-        for name in ("save_checkpoint_steps", "summary_steps", "keep_checkpoints", "max_recoveries"):
+        for name in ("save_checkpoint_steps", "save_incremental_checkpoint_steps", "summary_steps", "keep_checkpoints",
+                     "max_recoveries"):
             whole_number(name, getattr(self, name), optional=True)
-        for name in ("save_checkpoint_secs", "evaluator_timeout_secs", "startup_timeout", "step_timeout_secs",
-                     "chief_timeout_secs"):
+        for name in ("save_checkpoint_secs", "save_incremental_checkpoint_secs", "evaluator_timeout_secs",
+                     "startup_timeout", "step_timeout_secs", "chief_timeout_secs"):
             seconds(name, getattr(self, name), optional=True)
         seconds("log_every_secs", self.log_every_secs, positive=False)  # 0: a line after every step
 
@@ -253,7 +258,9 @@ class _FitRun:
                               keep=(c.keep_checkpoints or 3) + 2)
         summary = SummaryHook(self.writer, summary_op, c.summary_steps) if summary_op is not None else None
         return self.run.hooks(train_graph, self.session, saver=saver, save_steps=c.save_checkpoint_steps,
-                              save_secs=c.save_checkpoint_secs, own=own, summary=summary)
+                              save_secs=c.save_checkpoint_secs, own=own, summary=summary,
+                              increment_steps=c.save_incremental_checkpoint_steps,
+                              increment_secs=c.save_incremental_checkpoint_secs)
 
     def _log_start(self):
         s = self.strategy
