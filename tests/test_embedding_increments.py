@@ -145,3 +145,29 @@ def test_fit_saves_increments_between_its_full_checkpoints_and_a_restart_resumes
     result = _fit(tmp_path, 30, save_incremental_checkpoint_steps=3)
     assert "checkpoints: applied 2 increment(s) after model.ckpt-20, up to global step 26" in caplog.text
     assert result.local_steps == 4
+
+
+def test_a_saved_model_export_serves_the_trained_rows_and_the_default_for_ids_never_admitted(tmp_path):
+    from tfcluster import estimator as est
+
+    def model_fn(features, labels, mode, params):
+        option = tfcluster.EmbeddingVariableOption(filter_option=tfcluster.CounterFilter(filter_freq=2))
+        ev = tfcluster.get_embedding_variable("ev", 4, seed=1, ev_option=option)
+        rows = tfcluster.embedding_lookup(ev, features["id"])
+        if mode == est.ModeKeys.PREDICT:
+            return est.EstimatorSpec(mode, predictions={"row": rows})
+        loss = tf.reduce_sum(tf.square(rows - 1.0))
+        train = tf1.train.AdagradOptimizer(0.3).minimize(loss, global_step=tf1.train.get_global_step())
+        return est.EstimatorSpec(mode, loss=loss, train_op=train)
+
+    ids = np.array([1, 2, 3, 1, 2, 7] * 4 + [9])             # 9: seen once, never admitted
+    estimator = est.Estimator(model_fn, model_dir=str(tmp_path / "model"))
+    estimator.train(est.inputs.numpy_input_fn({"id": ids}, batch_size=25, num_epochs=1, shuffle=False))
+    with tf1.Graph().as_default():
+        receiver = est.export.build_raw_serving_input_receiver_fn({"id": tf1.placeholder(tf.int64, [None])})
+    path = estimator.export_saved_model(str(tmp_path / "export"), receiver)
+    asked = np.array([1, 2, 3, 7, 9, 12345], np.int64)
+    served = tf.saved_model.load(path.decode()).signatures["serving_default"](id=tf.constant(asked))["row"].numpy()
+    expected = np.stack([p["row"] for p in estimator.predict(est.inputs.numpy_input_fn({"id": asked}, shuffle=False))])
+    np.testing.assert_array_equal(served, expected)
+    assert (served[:4] != 0).all() and (served[4:] == 0).all()     # trained rows; the default for 9 and 12345

@@ -278,6 +278,17 @@ def _startup(out, runs, extra, add):
         add("S2 save seconds per GB of ps state (sharded)",
             [statistics.median(r["sharded_seconds"]) / (r["state_bytes"] / 1e9) for r in saves], "saves",
             "tfcluster", "measured", unit="s")
+        evs = [r["embedding"] for r in saves if r.get("embedding")]
+        if evs:
+            add("S3 incremental save bytes / full save bytes, 1 % of an embedding variable's rows touched",
+                [statistics.median(e["increment_bytes"]) / statistics.median(e["full_bytes"]) for e in evs], "saves",
+                "full save", "<= 0.05")
+            add("S3 incremental save seconds / full save seconds, same",
+                [statistics.median(e["increment_seconds"]) / statistics.median(e["full_seconds"]) for e in evs],
+                "saves", "full save", "measured")
+            add("S4 restore seconds per GB of embedding-variable state (a full checkpoint and its increment)",
+                [statistics.median(e["restore_seconds"]) / (statistics.median(e["full_bytes"]) / 1e9) for e in evs],
+                "saves", "tfcluster", "measured", unit="s")
     acc = extra.get("accuracy") or {}
     for mode in ("sync", "async"):
         a, b = acc.get(f"{mode}_bfloat16"), acc.get(f"{mode}_float32")

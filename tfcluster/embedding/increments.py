@@ -81,7 +81,7 @@ def _increment_class():
             self.part = part
             specs = [saveable_object.SaveSpec(t, "", f"{part.name}-{field}", device=part.device)
                      for field, t in zip(FIELDS, increment_tensors(part))]
-            super().__init__(part.values, specs, part.name)
+            super().__init__(part.values, specs, part.values.op.name)
 
         def restore(self, restored_tensors, restored_shapes):
             return apply_part(self.part, *restored_tensors)

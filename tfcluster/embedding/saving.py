@@ -33,7 +33,9 @@ def _saveable_class():
             tensors = saved_tensors(part)
             specs = [saveable_object.SaveSpec(t, "", f"{part.name}-{field}", device=part.device)
                      for field, t in zip(FIELDS, tensors)]
-            super().__init__(part.values, specs, part.name)
+            # Named by the table's op, as TF names its own tables' saveables: a meta graph export (a SavedModel,
+            # MTS's .meta) stores the graph's saveables by name, and its import finds them again.
+            super().__init__(part.values, specs, part.values.op.name)
 
         def restore(self, restored_tensors, restored_shapes):
             return restore_part(self.part, *restored_tensors)
