@@ -352,3 +352,36 @@ def test_kills_during_saves_always_leave_a_latest_checkpoint_that_restores(procs
     assert inside >= 1, "no kill landed inside a save: the test did not test what it claims"
     reliability(f"kills during saves that landed inside one (of {KILLS}); every one restored", inside, "")
     shutil.rmtree(ckpt)   # a few hundred MB of ballast
+
+
+# ==================================================== async with increments: the ps killed between full saves
+@pytest.mark.timeout(300)
+def test_after_a_ps_restart_the_chief_restores_the_last_increment_losing_only_the_steps_since_it(procs, tmp_path,
+                                                                                                reliability):
+    # Full checkpoints every 50 steps, increments (an embedding variable's rows written since the last save, the
+    # rest of the model whole) every 5: the ps dies 25-40 steps past a full save, and the restore is the full one
+    # plus its increments (docs/embeddings.md, "Incremental saves").
+    full, every = 50, 5
+    ckpt = str(tmp_path / "ckpt")
+    cmd = TFCLUSTER + ["local", "--ps", "1", "--workers", "1", "--max-restarts", "1", "--timeout", "240",
+                       "--log-dir", str(tmp_path / "logs"), "--"] + FIT_JOB + [
+        "--mode", "async", "--steps", "150", "--ckpt", ckpt, "--save-steps", str(full), "--increment-steps",
+        str(every), "--step-sleep", "0.05", "--startup-timeout", "90"]
+    run = Stream(procs.start(cmd, cwd=str(tmp_path)), "tfcluster local")
+    _, m = run.wait_for(r"\[worker:0\] .*saved checkpoint model\.ckpt-(\d+)", 150,
+                        check=lambda m: int(m.group(1)) >= full)
+    saved = int(m.group(1))
+    wait_global(run, saved + random.Random(os.environ.get("FAULT_SEED", "6")).randint(25, 40), 60)
+    kill_t = time.monotonic()
+    os.kill(tfcluster_pids(run, "ps:0")[0], signal.SIGKILL)
+    time.sleep(0.5)
+    at_kill = last_global(run, before=kill_t + 0.5)
+    _, m = run.wait_for(r"\[worker:0\] .*applied (\d+) increment\(s\) after model\.ckpt-(\d+), up to global step "
+                        r"(\d+)", 120, after=kill_t)
+    applied, base, restored = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    assert run.finish(timeout=200) == 0, "\n".join(line for _, line in run.lines[-40:])
+    lost = at_kill - restored
+    reliability(f"async: global steps lost to the ps kill with increments every {every} steps (full saves every "
+                f"{full})", lost, "steps")
+    assert base == saved and applied >= 4 and 0 <= lost <= 2 * every, (applied, base, restored, at_kill)
+    assert read_marker(ckpt)["global_step"] >= 150

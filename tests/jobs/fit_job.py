@@ -5,7 +5,9 @@ role TF_CONFIG gives it (ps, worker, or one process without TF_CONFIG), and
 logs every step (``worker:0 step 12 (global 30) ...``) so a test can read the
 global step a task had reached at the moment of a fault. ``--step-sleep``
 slows each step down so that a fault lands mid-run; ``--ballast-mb`` adds a
-big untrained variable so that most of the time is spent saving checkpoints.
+big untrained variable so that most of the time is spent saving checkpoints;
+``--increment-steps`` adds an embedding variable (an id per example) and saves
+its increments between the full checkpoints.
 """
 
 import argparse
@@ -29,6 +31,7 @@ p.add_argument("--ballast-mb", type=float, default=0.0)
 p.add_argument("--keep", type=int, default=3, help="checkpoints kept")
 p.add_argument("--save-secs", type=float, default=None, help="save every S seconds instead of --save-steps")
 p.add_argument("--step-timeout", type=float, default=60.0, help="a step longer than this: a silent task")
+p.add_argument("--increment-steps", type=int, default=None, help="an embedding variable, increments every N steps")
 p.add_argument("--chief-timeout", type=float, default=60.0, help="no heartbeat from the chief this long: gone")
 args = p.parse_args()
 
@@ -55,6 +58,9 @@ def model_fn(features, labels, mode):
         n = int(args.ballast_mb * (1 << 20) / 4)
         tf1.get_variable("ballast", shape=[n], initializer=tf1.ones_initializer(), trainable=False)
     logits = tf.matmul(tf.nn.tanh(tf.matmul(features, w1)), w2)
+    if args.increment_steps:
+        ids = tf.cast(tf.abs(features[:, 0]) * 1000, tf.int64) % 5000
+        logits += tfcluster.embedding_lookup(tfcluster.get_embedding_variable("ids", 3), ids)
     loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     return ModelOutput(predictions=tf.argmax(logits, 1), per_example_loss=loss)
 
@@ -79,7 +85,8 @@ try:
                            save_checkpoint_steps=None if args.save_secs else args.save_steps,
                            save_checkpoint_secs=args.save_secs, summary_steps=None, log_every_secs=0.0,
                            keep_checkpoints=args.keep, startup_timeout=args.startup_timeout,
-                           step_timeout_secs=args.step_timeout, chief_timeout_secs=args.chief_timeout)
+                           step_timeout_secs=args.step_timeout, chief_timeout_secs=args.chief_timeout,
+                           save_incremental_checkpoint_steps=args.increment_steps)
 except tfcluster.TfclusterError as e:   # as examples/digits.py: one line and the error's exit code
     print(f"fit_job: error: {e}", file=sys.stderr, flush=True)
     sys.exit(e.exit_code)
