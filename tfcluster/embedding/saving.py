@@ -9,8 +9,9 @@ are of one moment even while async training writes it. Before it is saved a
 part drops, from both tables, the rows its eviction option names: untouched
 for more than ``steps_to_live`` global steps (the newest step the part saw
 where the graph has no global step), or weights of L2 norm below
-``l2_weight_threshold`` (DeepRec evicts at each save as well). A restore puts
-back exactly what was saved. A full save also starts the next increment afresh
+``l2_weight_threshold`` (DeepRec evicts at each save as well); the tables are
+rebuilt without those rows, so their memory comes back. A restore puts back
+exactly what was saved. A full save also starts the next increment afresh
 (:mod:`.increments`).
 """
 
@@ -58,13 +59,14 @@ def saveable(part: Part):
 
 
 def saved_tensors(part: Part) -> list:
-    """The tensors of :data:`FIELDS`, after this save's eviction."""
+    """The tensors of :data:`FIELDS`, after this save's eviction (the part's tables rebuilt without the evicted
+    rows once they are read: :meth:`.variable.Part.compact`)."""
     tf = tensorflow_v2()
     v = part.variable
     d = v.dim
-    with tf.device(part.device), tf.name_scope(f"save_{part.name.replace('/', '_')}"), \
-            tf.control_dependencies([part.take_marked()]):      # increments start afresh at a full save
-        (keys, rows), (waiting, meta) = part.export()
+    with tf.device(part.device), tf.name_scope(f"save_{part.name.replace('/', '_')}"):
+        with tf.control_dependencies([part.take_marked()]):      # increments start afresh at a full save
+            (keys, rows), (waiting, meta) = part.export()
         freqs, versions = unpack(rows)
         evict, evict_waiting = tf.zeros_like(freqs, tf.bool), tf.zeros_like(meta[:, 0], tf.bool)
         if v.option.steps_to_live is not None:
@@ -75,16 +77,17 @@ def saved_tensors(part: Part) -> list:
             evict_waiting = now - meta[:, 1] > v.option.steps_to_live
         if v.option.l2_weight_threshold is not None:
             evict = tf.logical_or(evict, tf.norm(rows[:, :d], axis=1) < v.option.l2_weight_threshold)
-        removed = [tf.raw_ops.LookupTableRemoveV2(table_handle=part.values, keys=tf.boolean_mask(keys, evict))]
-        if part.unadmitted is not None:
-            removed.append(tf.raw_ops.LookupTableRemoveV2(table_handle=part.unadmitted,
-                                                          keys=tf.boolean_mask(waiting, evict_waiting)))
-        with tf.control_dependencies(removed):
-            kept, kept_waiting = tf.logical_not(evict), tf.logical_not(evict_waiting)
-            return [tf.boolean_mask(keys, kept), tf.boolean_mask(rows[:, :d], kept),
-                    tf.boolean_mask(rows[:, d:3 * d], kept), tf.boolean_mask(freqs, kept),
-                    tf.boolean_mask(versions, kept), tf.boolean_mask(waiting, kept_waiting),
-                    tf.boolean_mask(meta[:, 0], kept_waiting), tf.boolean_mask(meta[:, 1], kept_waiting)]
+        if part.unadmitted is not None:     # an id admitted since it waited keeps its count in its row alone
+            evict_waiting = tf.logical_or(evict_waiting, part.find(waiting)[1])
+        kept, kept_waiting = tf.logical_not(evict), tf.logical_not(evict_waiting)
+        keys, rows = tf.boolean_mask(keys, kept), tf.boolean_mask(rows, kept)
+        waiting, meta = tf.boolean_mask(waiting, kept_waiting), tf.boolean_mask(meta, kept_waiting)
+        freqs, versions = unpack(rows)
+        saved = [keys, rows[:, :d], rows[:, d:3 * d], freqs, versions, waiting, meta[:, 0], meta[:, 1]]
+        with tf.control_dependencies(saved):
+            compact = part.compact(tf.reduce_any(evict), keys, rows, waiting, meta)
+        with tf.control_dependencies([compact]):
+            return [tf.identity(t) for t in saved]
 
 
 def restore_part(part: Part, *saved, which=None):
@@ -98,7 +101,7 @@ def restore_part(part: Part, *saved, which=None):
 def apply_part(part: Part, keys, values, slots, freqs, versions, keys_filtered, freqs_filtered, versions_filtered,
                which=None):
     """The op writing these saved rows and waiting counts (:data:`FIELDS`) into ``part``'s tables over what they
-    hold; an id given a row stops waiting. ``which``: a mask of the ids it keeps."""
+    hold. ``which``: a mask of the ids it keeps."""
     tf = tensorflow_v2()
     v = part.variable
     d = v.dim
@@ -113,9 +116,9 @@ def apply_part(part: Part, keys, values, slots, freqs, versions, keys_filtered, 
         ops = [tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=keys,
                                               values=tf.reshape(rows, [-1, v.width]))]
         if part.unadmitted is not None:     # a variable restored without its filter forgets who waited
-            ops += [tf.raw_ops.LookupTableRemoveV2(table_handle=part.unadmitted, keys=keys),
-                    tf.raw_ops.LookupTableInsertV2(table_handle=part.unadmitted, keys=keys_filtered,
-                                                   values=tf.reshape(meta, [-1, 2]))]
+            # (an id given a row here that still waits there is read by its row, and dropped there at the next save)
+            ops.append(tf.raw_ops.LookupTableInsertV2(table_handle=part.unadmitted, keys=keys_filtered,
+                                                      values=tf.reshape(meta, [-1, 2])))
         return tf.group(*ops)
 
 

@@ -132,10 +132,11 @@ def _train_part(optimizer, update, v, part, ids, counts, grad, global_step):
     else:
         seen = tf.where(present, count, part.counts(ids)[:, 0]) + counts
         admitted = tf.logical_or(present, seen >= v.filter_freq)
-        waiting, new = tf.logical_not(admitted), tf.logical_and(admitted, tf.logical_not(present))
-        ops += [tf.raw_ops.LookupTableInsertV2(table_handle=part.unadmitted, keys=tf.boolean_mask(ids, waiting),
-                                               values=tf.boolean_mask(tf.stack([seen, step], 1), waiting)),
-                tf.raw_ops.LookupTableRemoveV2(table_handle=part.unadmitted, keys=tf.boolean_mask(ids, new))]
+        waiting = tf.logical_not(admitted)
+        # An admitted id's waiting count stays behind (its row is read first) until the next save drops it: a
+        # removal would leave TF's table a deleted bucket in lookups' way (Part.rebuild).
+        ops.append(tf.raw_ops.LookupTableInsertV2(table_handle=part.unadmitted, keys=tf.boolean_mask(ids, waiting),
+                                                  values=tf.boolean_mask(tf.stack([seen, step], 1), waiting)))
     new_rows = tf.concat([w, s1, s2, pack(seen, step)], 1)
     ops.append(tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=tf.boolean_mask(ids, admitted),
                                               values=tf.boolean_mask(new_rows, admitted)))

@@ -19,6 +19,7 @@ variables, so an optimizer's ``var_list`` (a scope's variables, as wide & deep
 splits them) decides which optimizer trains it, as for any variable.
 """
 
+import functools
 import weakref
 
 from ..core.errors import SpecError
@@ -192,29 +193,93 @@ class Part:
         return tf.raw_ops.LookupTableInsertV2(table_handle=self.touched, keys=keys,
                                               values=tf.ones(tf.shape(keys), tf.bool))
 
-    def take_marked(self):
-        """The ids marked since the last take, unmarked before the returned tensor is computed: a save reads their
-        rows after this, so an update that marks an id later is in the next save (.increments)."""
+    def marked(self):
+        """The ids marked since the last take (a key twice where TF's table holds it twice)."""
         tf = tensorflow_v2()
         v = self.variable
         keys, _ = tf.raw_ops.LookupTableExportV2(table_handle=self.touched, Tkeys=v.key_dtype, Tvalues=tf.bool)
         keys = tf.reshape(keys, [-1])
         empty, deleted = EMPTY_KEYS[v.key_dtype.name]
-        keys = tf.boolean_mask(keys, tf.logical_and(tf.not_equal(keys, empty), tf.not_equal(keys, deleted)))
+        return tf.boolean_mask(keys, tf.logical_and(tf.not_equal(keys, empty), tf.not_equal(keys, deleted)))
+
+    def take_marked(self):
+        """The ids marked since the last take, unmarked before the returned tensor is computed: a save reads their
+        rows after this, so an update that marks an id later is in the next save (.increments)."""
+        tf = tensorflow_v2()
+        keys = self.marked()
         unmark = tf.raw_ops.LookupTableRemoveV2(table_handle=self.touched, keys=keys)
         with tf.control_dependencies([unmark]):
             return tf.identity(keys)
 
     def tables(self) -> list:
-        """``(table, value dtype)`` of each of this part's tables."""
+        """``(table, value dtype, value width or None)`` of each of this part's tables."""
         tf = tensorflow_v2()
-        return [(self.values, tf.float32)] + ([(self.unadmitted, tf.int64)] if self.unadmitted is not None else [])
+        v = self.variable
+        return [(self.values, tf.float32, v.width), (self.touched, tf.bool, None)] + (
+            [(self.unadmitted, tf.int64, 2)] if self.unadmitted is not None else [])
+
+    def rebuild(self, table, dtype, width, keys, values):
+        """The op giving ``table`` fresh buckets that hold exactly ``keys`` (distinct) and ``values``.
+
+        The rows' and waiting ids' tables drop keys only this way, never by removing them: TF's open-addressing
+        table leaves a removed key's bucket marked deleted until it grows, so under churn a lookup of an absent id
+        finds no free bucket to stop at (an internal error), and an insert that reuses a deleted bucket ahead of
+        the key's own leaves a stale second copy behind it (tensorflow/core/kernels/lookup_table_op.cc; the churn
+        test in tests/test_embedding_variables.py).
+        """
+        tf = tensorflow_v2()
+        empty = EMPTY_KEYS[self.variable.key_dtype.name][0]
+        n = tf.cast(tf.maximum(2 * tf.size(keys), INITIAL_BUCKETS), tf.float64)
+        buckets = tf.cast(tf.pow(tf.constant(2.0, tf.float64), tf.math.ceil(tf.math.log(n) / tf.math.log(
+            tf.constant(2.0, tf.float64)))), tf.int32)      # at most half full
+        with tf.control_dependencies([keys, values]):       # the rows are read before the old buckets go
+            # The bucket arrays as the table exports them, [buckets, 1] keys and [buckets, width or 1] values. The
+            # table keeps and writes the very buffers it is given, so each table's are its own: made by ``Empty``,
+            # which TF marks stateful so that Grappler neither folds it into a constant shared by every run nor
+            # merges two tables' into one buffer. Of unknown shape to the graph, as a restore's are (the op's shape
+            # check expects other ranks).
+            unshaped = functools.partial(tf.compat.v1.placeholder_with_default, shape=None)
+            key = self.variable.key_dtype
+            fresh_keys = tf.raw_ops.Empty(shape=tf.stack([buckets, 1]), dtype=key, init=key != tf.string)
+            fresh_keys = fresh_keys + tf.constant(empty, key) if key != tf.string else tf.strings.join(
+                [fresh_keys, tf.constant(empty)])
+            fresh = tf.raw_ops.LookupTableImportV2(
+                table_handle=table, keys=unshaped(fresh_keys),
+                values=unshaped(tf.raw_ops.Empty(shape=tf.stack([buckets, width or 1]), dtype=dtype, init=True)))
+        with tf.control_dependencies([fresh]):
+            return tf.raw_ops.LookupTableInsertV2(table_handle=table, keys=keys, values=values)
 
     def clear(self) -> list:
-        """Ops removing every id from the part's tables (a restore then inserts what was saved)."""
+        """Ops emptying the part's tables (a restore then inserts what was saved)."""
         tf = tensorflow_v2()
-        return [tf.raw_ops.LookupTableRemoveV2(table_handle=table, keys=self._export(table, dtype)[0])
-                for table, dtype in self.tables()]
+        key = self.variable.key_dtype
+        return [self.rebuild(table, dtype, width, tf.zeros([0], key), tf.zeros([0] + ([width] if width else []),
+                                                                                 dtype))
+                for table, dtype, width in self.tables()]
+
+    def compact(self, evicting, keys, rows, waiting, meta):
+        """The op a save runs after reading its rows: where it evicts (``evicting``), the rows' table rebuilt with
+        the kept ``keys``/``rows``; the waiting ids' table rebuilt with the kept ``waiting``/``meta``. Rows updates
+        wrote since the save read its own (still marked) are read again just before and kept too, so only a step
+        racing the rebuild itself may lose that one update of a row, as two async steps racing on a row do."""
+        tf = tensorflow_v2()
+        v = self.variable
+        recent = self.marked()
+        recent_rows, present = self.find(recent)
+
+        def rebuilt():
+            with tf.control_dependencies([self.rebuild(
+                    self.values, tf.float32, v.width, tf.concat([keys, tf.boolean_mask(recent, present)], 0),
+                    tf.concat([rows, tf.boolean_mask(recent_rows, present)], 0))]):
+                return tf.constant(True)
+        ops = [tf.cond(evicting, rebuilt, lambda: tf.constant(False))]
+        if self.unadmitted is not None:
+            still = tf.boolean_mask(recent, tf.logical_not(present))
+            still_meta = self.counts(still)
+            seen = still_meta[:, 0] > 0
+            ops.append(self.rebuild(self.unadmitted, tf.int64, 2, tf.concat([waiting, tf.boolean_mask(still, seen)], 0),
+                                    tf.concat([meta, tf.boolean_mask(still_meta, seen)], 0)))
+        return tf.group(*ops)
 
     def export(self):
         """``(keys, rows)`` of every admitted id, and ``(keys, [count, last step])`` of the others."""
