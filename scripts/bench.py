@@ -179,8 +179,20 @@ def save_seconds(megabytes=128):
     return run["results"][0]
 
 
+def drift_memory():
+    """A ps's memory on a drifting id stream with eviction (scripts/bench/drift.py): its BENCH line (resident
+    memory and rows at steady state and after ten times its ids), or None when the run failed."""
+    try:
+        run = run_local([os.path.join(BENCH, "drift.py")], ps=1, workers=1, timeout=900)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"bench: drift failed: {str(e).splitlines()[0]}", flush=True)
+        return None
+    return run["results"][0]
+
+
 #: Measurements that are not rows of examples/s, by the name ``--rows`` selects them with.
 MEASURES = {"pull": "pulling a 64 MB variable from a ps", "saves": "a full save of 2 ps' state, sharded or not",
+            "drift": "a ps's memory on an id stream that keeps bringing new ids, with eviction",
             "ctr_auc": "the click-through example's AUC with embedding variables and with hashed tables"}
 
 
@@ -356,7 +368,8 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
                 continue
             runs[name].append(run)
             print(f"bench: {name} rep {rep + 1}/{reps}: {rate:.0f} examples/s ({time.time() - t:.0f}s)", flush=True)
-    extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={}, saves=[], ctr_auc={"ev": [], "fixed": []},
+    extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={}, saves=[], drift=[],
+                 ctr_auc={"ev": [], "fixed": []},
                  import_cpu={kind: [] for kind in IMPORTS}, import_rss={kind: [] for kind in IMPORTS},
                  tf1_cpu={"fork": [], "no_fork": []}, tf1_wall={"fork": [], "no_fork": []})
     pull_mb = 16 if quick else 64
@@ -377,6 +390,9 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
         if not quick and (only is None or "saves" in only):
             extra["saves"].append(save_seconds())
             print(f"bench: saves rep {rep + 1}/{reps}: {extra['saves'][-1]}", flush=True)
+        if not quick and (only is None or "drift" in only):
+            extra["drift"].append(drift_memory())
+            print(f"bench: drift rep {rep + 1}/{reps}: {extra['drift'][-1]}", flush=True)
         if only is not None and "pull" not in only:
             continue
         extra["tcp"].append(tcp_loopback_bps(pull_mb, 2.0 if quick else 4.0))
@@ -422,7 +438,8 @@ def main():
     p.add_argument("--steps", type=int, help="global steps per MLP run (default 3000; 200 with --quick)")
     p.add_argument("--rows", help="comma-separated rows or patterns to run (e.g. tfcluster_sync,tfcluster_async,pull; "
                                   "'ctr_*' for the click-through rows; saves: sharded against unsharded "
-                                  "checkpoints; default: every row of the mode)")
+                                  "checkpoints, and increments; drift: a ps's memory on a drifting id stream; "
+                                  "default: every row of the mode)")
     p.add_argument("--readme", action="store_true", help="rewrite the README's table from this run (the "
                                                          "click-through table when only ctr_* rows ran)")
     p.add_argument("--profile", action="store_true", help="also trace where a ps step's time goes")

@@ -21,6 +21,7 @@ PANELS = {
     "startup": "start-up and teardown, seconds",
     "pull": "pulling a 64 MB variable from a ps",
     "saves": "a full save of 2 ps' state (a 128 MB table and its slot, in 8 MB parts over both ps)",
+    "drift": "an embedding variable on 1 ps, Zipf ids drifting by 100 a step, GlobalStepEvict(100), saves every 25",
     "accuracy": "README example (digits): test accuracy points, bfloat16 - float32 wire",
 }
 
@@ -267,6 +268,12 @@ def _startup(out, runs, extra, add):
         add("E2 AUC points, embedding variables - fixed tables (H = 100,000), same steps",
             [100 * (a - b) for a, b in zip(auc["ev"], auc["fixed"]) if a is not None and b is not None], "ctr",
             "tfcluster", ">= 0", unit="points")
+    drift = [r for r in extra.get("drift") or [] if r and r.get("end")]
+    if drift:
+        add("E3 ps memory after 10x the ids of its steady state, with eviction / at steady state",
+            [r["end"]["rss"] / r["steady"]["rss"] for r in drift], "drift", "steady state", "<= 1.2")
+        add("E3 embedding-variable rows, same", [r["end"]["rows"] / r["steady"]["rows"] for r in drift], "drift",
+            "steady state", "measured")
     saves = [r for r in extra.get("saves") or [] if r]
     if saves:
         add("S1 full save seconds, 2 ps: sharded / unsharded",
