@@ -147,6 +147,30 @@ def test_two_ps_under_the_same_limit_train_the_same_table_to_the_end(tmp_path, l
         reliability(f"2 ps: {task} beyond its state", mb - held[task], "MB")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_embedding_variable_that_outgrows_its_ps_is_named_with_its_row_count_in_the_kill_line(
+        tmp_path, launcher_cgroup, reliability):
+    # A row per value and no eviction: the table grows with every new value until the ps's cgroup kills it. The
+    # chief counts the rows on each ps every second (training/hooks.py, TableRowsHook) for the launcher's line.
+    _need_root()
+    code, err, out = _local(tmp_path, "--ps", "1", "--workers", "1", "--ps-memory", "450M", "--stop-grace", "2",
+                            "--timeout", "200", "--", sys.executable, EXAMPLE, "--mode", "async",
+                            "--embedding-variables", "--steps", "5000", "--examples", "200000",
+                            "--checkpoint-dir", tmp_path / "ck", timeout=260, preexec=launcher_cgroup)
+    assert code == 128 + signal.SIGKILL, out[-4000:]
+    killed = [line for line in err.splitlines() if "out of memory" in line]
+    assert len(killed) == 1, err[-3000:]
+    m = re.search(r"ps:0 was killed out of memory: its --ps-memory limit is 450\.0 MB \(peak [\d.]+ MB\); state held: "
+                  r"ps:0 [\d.]+ [KM]B and ([\d,]+) embedding-variable rows \(rows at global step (\d+)\); see its log",
+                  killed[0])
+    assert m, killed[0]
+    rows = int(m.group(1).replace(",", ""))
+    assert rows > 50_000, killed[0]
+    reliability("an embedding variable outgrowing a 450 MB ps: rows at the chief's last count before the kill", rows,
+                "rows")
+
+
 @pytest.mark.timeout(120)
 def test_a_launcher_that_is_not_root_cannot_set_the_limit_and_says_so_in_one_line_before_any_task(tmp_path):
     """Run as nobody: the launcher drops root in its own process, having read its modules as root.

@@ -440,11 +440,33 @@ def record_ps_state(totals: dict):
     A file rather than a log line the launcher would parse: the launcher reads it
     when a ps is killed for memory, to say how much state that ps held.
     """
+    prefix = "/job:ps/task:"
+    _write_record({f"ps:{d[len(prefix):]}": n for d, n in totals.items() if d.startswith(prefix)})
+
+
+def record_ps_rows(rows: dict, global_step: int):
+    """Add to the record the embedding-variable rows each ps holds (``{"ps:0": n}``) at ``global_step``, for the
+    launcher's line about a ps killed for memory (a table of ids grows as training runs)."""
     path = environment.PS_STATE_RECORD.get()
     if not path:
         return
-    prefix = "/job:ps/task:"
-    state = {f"ps:{d[len(prefix):]}": n for d, n in totals.items() if d.startswith(prefix)}
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        state = {}
+    state[ROWS] = {"rows": {ps: int(n) for ps, n in rows.items()}, "global_step": int(global_step)}
+    _write_record(state)
+
+
+#: The record's key for :func:`record_ps_rows`'s count (every other key is a ps's bytes).
+ROWS = "embedding_variable_rows"
+
+
+def _write_record(state: dict):
+    path = environment.PS_STATE_RECORD.get()
+    if not path:
+        return
     try:
         with open_private(path + ".tmp") as f:
             json.dump(state, f)

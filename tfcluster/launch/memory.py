@@ -20,7 +20,7 @@ import time
 from typing import Optional
 
 from ..core.errors import SpecError, TfclusterError
-from ..graph.placement import human_bytes
+from ..graph.placement import ROWS, human_bytes
 from ..topology.cluster import Role
 
 log = logging.getLogger("tfcluster")
@@ -295,11 +295,16 @@ def ps_memory_limits(limit: Optional[int], tasks):
 
 
 def _state(path: Optional[str]) -> str:
-    """``ps:0 702.0 MB, ps:1 ...`` from the chief's record (graph/placement.py), or why it is not known."""
+    """``ps:0 702.0 MB, ps:1 ...`` from the chief's record (graph/placement.py), with the embedding-variable rows
+    each ps held at the chief's last count, or why it is not known."""
     try:
         with open(path) as f:
             state = json.load(f)
-        return ", ".join(f"{name} {human(n)}" for name, n in state.items()) or "nothing on the ps tasks"
+        counted = state.pop(ROWS, None) or {}
+        rows = counted.get("rows", {})
+        held = ", ".join(f"{name} {human(n)}" + (f" and {rows[name]:,} embedding-variable rows" if name in rows else "")
+                         for name, n in state.items()) or "nothing on the ps tasks"
+        return held + (f" (rows at global step {counted['global_step']})" if rows else "")
     except (OSError, ValueError, TypeError, AttributeError):
         return ("unknown (no placement record: the program is not tfcluster.fit, an Estimator or a TF1-mode "
                 "program, or its chief had not built its graph yet)")

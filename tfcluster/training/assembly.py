@@ -26,12 +26,13 @@ import logging
 import os
 from typing import Callable, Optional
 
+from ..core import environment
 from ..core.errors import TfclusterError
 from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..runtime.server import task_server, wait_for_cluster
 from ..runtime.shutdown import serve_as_ps
 from ..topology.cluster import Role
-from .hooks import STILL_SECS, CheckpointHook, IncrementHook, trainers_done
+from .hooks import STILL_SECS, CheckpointHook, IncrementHook, TableRowsHook, trainers_done
 from .liveness import CHIEF_TIMEOUT_SECS, heartbeat
 from .savers import checkpoint_saver, sharding
 from .session import MAX_RECOVERIES, STARTUP_TIMEOUT_SECS, STEP_TIMEOUT_SECS, TrainingSession
@@ -107,6 +108,12 @@ class RunAssembly:
         that every ps writes the checkpoint dir."""
         return checkpoint_saver(self.sharded, **kwargs)
 
+    def _table_rows(self, train_graph, session) -> list:
+        """The chief's count of embedding-variable rows per ps for the launcher (none without such variables)."""
+        from ..embedding import embedding_variables
+        graph = train_graph.global_step.graph
+        return [TableRowsHook(session.call, graph)] if embedding_variables(graph) else []
+
     def _increments(self, train_graph, session, steps, secs) -> list:
         """The chief's increment hook, where the model has embedding variables to save by increments."""
         from ..embedding import embedding_variables
@@ -150,5 +157,7 @@ class RunAssembly:
             if increment_steps or increment_secs is not None:
                 hooks += self._increments(train_graph, session, increment_steps, increment_secs)
         hooks += list(chief) if self.is_chief else []
+        if self.is_chief and self.cluster is not None and environment.PS_STATE_RECORD.get():
+            hooks += self._table_rows(train_graph, session)
         beat = heartbeat(train_graph, self.cluster, self.name, self.chief_timeout_secs, self.checkpoint_dir)
         return hooks + ([beat] if beat is not None else []) + list(after)

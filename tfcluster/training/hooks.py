@@ -25,6 +25,8 @@ log = logging.getLogger("tfcluster")
 FINISH_TIMEOUT_SECS = 600.0
 #: This process's trainings whose ends are counted, numbered per kind.
 _ends_counted = collections.defaultdict(itertools.count)
+#: How often the chief counts the embedding-variable rows on each ps, for the launcher's out-of-memory line.
+ROWS_EVERY_SECS = 1.0
 #: ``fit``'s and the Estimator's chief saves without the trainers still out once the global step stood still this
 #: long: they died (the others stop within a step of the chief).
 STILL_SECS = 5.0
@@ -172,6 +174,41 @@ class IncrementHook(Hook):
             return None
         log.info("%s saved increment %s of %s", self.name, os.path.basename(path), os.path.basename(base))
         return path
+
+
+class TableRowsHook(Hook):
+    """The chief's count of the embedding-variable rows on each ps, every ``every_secs``, noted for the launcher's
+    line about a ps killed for memory (graph/placement.py's ``record_ps_rows``)."""
+
+    def __init__(self, call, graph, every_secs: float = ROWS_EVERY_SECS):
+        self._call, self.graph = call, graph
+        self._every = Every(secs=every_secs, at_first=True)
+        self._count = None
+
+    def begin(self):
+        """The count's ops: each ps's tables' sizes, summed."""
+        from ..embedding.variable import embedding_variables, tensorflow_v2
+        tf = tensorflow_v2()
+        by_ps = {}
+        for v in embedding_variables(self.graph):
+            for part in v.parts:
+                if (part.device or "").startswith("/job:ps/task:"):
+                    with tf.device(part.device):
+                        by_ps.setdefault(f"ps:{part.device.split(':')[-1]}", []).append(
+                            tf.raw_ops.LookupTableSizeV2(table_handle=part.values))
+        self._count = {ps: tf.add_n(sizes) for ps, sizes in by_ps.items()} or None
+
+    def after_run(self, run_context, run_values):
+        """Count now and then (a few small reads, one per ps)."""
+        gs = run_values.global_step
+        if self._count is None or not self._every.due(gs):
+            return
+        self._every.mark(gs)
+        from ..graph.placement import record_ps_rows
+        try:
+            record_ps_rows(self._call(lambda s: s.run(self._count)), gs)
+        except _op_error():     # a ps gone: the launcher's line then gives the last count
+            pass
 
 
 class TrainersDone(Hook):
