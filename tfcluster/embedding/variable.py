@@ -364,3 +364,16 @@ def embedding_variables(graph=None) -> list:
     tf = tensorflow_v2()
     return list(of_graph(graph or tf.compat.v1.get_default_graph())["variables"])
 
+
+def rows_per_ps(graph) -> dict:
+    """``{"ps:0": tensor}``: the rows ``graph``'s embedding variables hold on each ps (the sizes of its parts)."""
+    tf = tensorflow_v2()
+    by_ps = {}
+    for v in embedding_variables(graph):
+        for part in v.parts:
+            if (part.device or "").startswith("/job:ps/task:"):
+                with graph.as_default(), tf.device(part.device):
+                    by_ps.setdefault(f"ps:{part.device.split(':')[-1]}", []).append(
+                        tf.raw_ops.LookupTableSizeV2(table_handle=part.values))
+    with graph.as_default():
+        return {ps: tf.add_n(sizes) for ps, sizes in by_ps.items()}

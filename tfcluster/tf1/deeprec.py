@@ -24,7 +24,11 @@ import time
 from .. import embedding
 from ..core.errors import SpecError
 from ..embedding import columns
+from ..core import environment
 from ..embedding.increments import Increments
+from ..embedding.variable import rows_per_ps
+from ..graph.placement import record_ps_rows
+from ..training.hooks import ROWS_EVERY_SECS
 from ..runtime.checkpoints import step_in_name
 from .overrides import Proxy
 from .overrides import train as tf1_mode_train
@@ -118,10 +122,28 @@ def _increment_hook(v1):
     return IncrementSaverHook
 
 
+def _rows_hook(v1):
+    class TableRowsHook(v1.train.SessionRunHook):
+        """The chief's count of each ps's embedding-variable rows, every second, for the launcher's out-of-memory
+        line (as ``fit``'s: tfcluster/training/hooks.py)."""
+
+        def begin(self):
+            self.count, self.step = rows_per_ps(v1.get_default_graph()), v1.train.get_global_step()
+            self.last = None
+
+        def after_run(self, run_context, run_values):
+            if not self.count or (self.last is not None and time.monotonic() - self.last < ROWS_EVERY_SECS):
+                return
+            self.last = time.monotonic()
+            rows, step = run_context.session.run([self.count, self.step])
+            record_ps_rows(rows, step if step is not None else 0)
+    return TableRowsHook
+
+
 def train(v1):
     """TF1 mode's ``tf.train`` (:func:`.overrides.train`) with DeepRec's incremental-checkpoint arguments."""
     real = tf1_mode_train(v1)
-    hook = _increment_hook(v1)
+    hook, rows = _increment_hook(v1), _rows_hook(v1)
     mts = real.MonitoredTrainingSession
     signature = inspect.signature(mts)
 
@@ -129,9 +151,12 @@ def train(v1):
     def MonitoredTrainingSession(*args, save_incremental_checkpoint_secs=None, **kwargs):
         bound = signature.bind_partial(*args, **kwargs)
         given = bound.arguments
-        if save_incremental_checkpoint_secs and given.get("is_chief", True) and given.get("checkpoint_dir"):
-            given["chief_only_hooks"] = list(given.get("chief_only_hooks") or []) + [
-                hook(given["checkpoint_dir"], save_incremental_checkpoint_secs)]
+        chief = given.get("is_chief", True)
+        more = [rows()] if chief and environment.PS_STATE_RECORD.get() and given.get("master") else []
+        if save_incremental_checkpoint_secs and chief and given.get("checkpoint_dir"):
+            more.append(hook(given["checkpoint_dir"], save_incremental_checkpoint_secs))
+        if more:
+            given["chief_only_hooks"] = list(given.get("chief_only_hooks") or []) + more
         return mts(*bound.args, **bound.kwargs)
 
     class Saver(real.Saver):

@@ -187,16 +187,8 @@ class TableRowsHook(Hook):
 
     def begin(self):
         """The count's ops: each ps's tables' sizes, summed."""
-        from ..embedding.variable import embedding_variables, tensorflow_v2
-        tf = tensorflow_v2()
-        by_ps = {}
-        for v in embedding_variables(self.graph):
-            for part in v.parts:
-                if (part.device or "").startswith("/job:ps/task:"):
-                    with tf.device(part.device):
-                        by_ps.setdefault(f"ps:{part.device.split(':')[-1]}", []).append(
-                            tf.raw_ops.LookupTableSizeV2(table_handle=part.values))
-        self._count = {ps: tf.add_n(sizes) for ps, sizes in by_ps.items()} or None
+        from ..embedding.variable import rows_per_ps
+        self._count = rows_per_ps(self.graph) or None
 
     def after_run(self, run_context, run_values):
         """Count now and then (a few small reads, one per ps)."""
