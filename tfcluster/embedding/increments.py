@@ -118,7 +118,6 @@ class Increments:
         with graph.as_default(), tf1.name_scope("tfcluster_increments"):
             self.saver = tf1.train.Saver([cls(p) for p in parts] + rest_of_model(graph), sharded=sharded,
                                          save_relative_paths=True, max_to_keep=None, allow_empty=True)
-        self.variables = len(embedding_variables(graph))
 
     def save(self, session, base: str, step: int) -> str:
         """Write the increment of full checkpoint ``base`` at global step ``step``; its path. Increments of full
