@@ -168,26 +168,27 @@ def ctr_auc(embedding_variables: bool, steps: int):
     return None
 
 
-def save_seconds(megabytes=128):
-    """A full save of 2 ps' state, sharded and unsharded alternately (scripts/bench/saves.py): its BENCH line
-    (seconds per save of each, seconds per restore, the state's bytes), or None when the run failed."""
+def one_run(workload: str, ps: int, timeout: int):
+    """The BENCH line of ``scripts/bench/<workload>.py`` run once as the one trainer beside ``ps`` ps tasks, or
+    None when the run failed (said in one line)."""
     try:
-        run = run_local([os.path.join(BENCH, "saves.py")], ps=2, workers=1, timeout=600)
+        run = run_local([os.path.join(BENCH, f"{workload}.py")], ps=ps, workers=1, timeout=timeout)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f"bench: saves failed: {str(e).splitlines()[0]}", flush=True)
+        print(f"bench: {workload} failed: {str(e).splitlines()[0]}", flush=True)
         return None
     return run["results"][0]
+
+
+def save_seconds():
+    """A full save of 2 ps' state, sharded and unsharded alternately, then an embedding variable's full and
+    incremental saves (scripts/bench/saves.py): seconds, bytes and restore seconds."""
+    return one_run("saves", ps=2, timeout=600)
 
 
 def drift_memory():
-    """A ps's memory on a drifting id stream with eviction (scripts/bench/drift.py): its BENCH line (resident
-    memory and rows at steady state and after ten times its ids), or None when the run failed."""
-    try:
-        run = run_local([os.path.join(BENCH, "drift.py")], ps=1, workers=1, timeout=900)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f"bench: drift failed: {str(e).splitlines()[0]}", flush=True)
-        return None
-    return run["results"][0]
+    """A ps's memory on a drifting id stream with eviction (scripts/bench/drift.py): resident memory and rows at
+    steady state and after ten times its ids."""
+    return one_run("drift", ps=1, timeout=900)
 
 
 #: Measurements that are not rows of examples/s, by the name ``--rows`` selects them with.
