@@ -6,13 +6,17 @@ in one line (docs/embeddings.md, "Incremental saves").
 """
 
 import glob
+import json
 import logging
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import tfcluster
+from conftest import REPO, base_env
 from tfcluster.embedding.increments import Increments, increments_dir
 
 tf = pytest.importorskip("tensorflow")
@@ -171,3 +175,18 @@ def test_a_saved_model_export_serves_the_trained_rows_and_the_default_for_ids_ne
     expected = np.stack([p["row"] for p in estimator.predict(est.inputs.numpy_input_fn({"id": asked}, shuffle=False))])
     np.testing.assert_array_equal(served, expected)
     assert (served[:4] != 0).all() and (served[4:] == 0).all()     # trained rows; the default for 9 and 12345
+
+
+@pytest.mark.timeout(120)
+def test_a_deeprec_estimator_asking_for_incremental_checkpoints_runs_unchanged_in_tf1_mode(tmp_path):
+    # DeepRec's docs: Saver and Scaffold(incremental_save_restore=True), a chief
+    # CheckpointSaverHook(incremental_save_secs=1); full checkpoints every 100 steps, 20 ms a step.
+    program = os.path.join(REPO, "tests", "legacy", "deeprec_estimator_increments.py")
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf1", program, "--model_dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=110, env=base_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    final = json.loads(r.stdout.split("FINAL ", 1)[1])
+    assert final["step"] == 250
+    np.testing.assert_allclose(final["logits"], [0, 1, 2, 0, 1, 2], atol=0.05)     # trained: id % 3
+    for full in (0, 100, 200):      # increments between each pair of full checkpoints
+        assert glob.glob(os.path.join(increments_dir(str(tmp_path / f"model.ckpt-{full}")), "*.index")), full
