@@ -91,35 +91,46 @@ def saved_tensors(part: Part) -> list:
 
 
 def restore_part(part: Part, *saved, which=None):
-    """The op replacing ``part``'s tables by these saved tensors (:data:`FIELDS`); ``which``: a mask of the ids it
-    keeps."""
+    """The op replacing ``part``'s tables by these saved tensors (:data:`FIELDS`), each table rebuilt in buckets
+    sized for them (one insert, no growth on the way); ``which``: a mask of the ids it keeps."""
     tf = tensorflow_v2()
-    with tf.device(part.device), tf.control_dependencies(part.clear()):     # the saved ids alone, as a restore
-        return apply_part(part, *saved, which=which)
+    v = part.variable
+    with tf.device(part.device):
+        keys, rows, waiting, meta = _rows(part, *saved, which=which)
+        ops = [part.rebuild(part.values, tf.float32, v.width, keys, rows),
+               part.rebuild(part.touched, tf.bool, None, tf.zeros([0], v.key_dtype), tf.zeros([0], tf.bool))]
+        if part.unadmitted is not None:     # a variable restored without its filter forgets who waited
+            ops.append(part.rebuild(part.unadmitted, tf.int64, 2, waiting, meta))
+        return tf.group(*ops)
 
 
-def apply_part(part: Part, keys, values, slots, freqs, versions, keys_filtered, freqs_filtered, versions_filtered,
-               which=None):
+def apply_part(part: Part, *saved, which=None):
     """The op writing these saved rows and waiting counts (:data:`FIELDS`) into ``part``'s tables over what they
     hold. ``which``: a mask of the ids it keeps."""
     tf = tensorflow_v2()
+    with tf.device(part.device):
+        keys, rows, waiting, meta = _rows(part, *saved, which=which)
+        ops = [tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=keys, values=rows)]
+        if part.unadmitted is not None:
+            # (an id given a row here that still waits there is read by its row, and dropped there at the next save)
+            ops.append(tf.raw_ops.LookupTableInsertV2(table_handle=part.unadmitted, keys=waiting, values=meta))
+        return tf.group(*ops)
+
+
+def _rows(part: Part, keys, values, slots, freqs, versions, keys_filtered, freqs_filtered, versions_filtered,
+          which=None):
+    """``(keys, rows, waiting keys, [count, last step])`` of saved tensors, as the part's tables hold them."""
+    tf = tensorflow_v2()
     v = part.variable
     d = v.dim
-    with tf.device(part.device):
-        keys, keys_filtered = tf.reshape(keys, [-1]), tf.reshape(keys_filtered, [-1])
-        rows = tf.concat([tf.reshape(values, [-1, d]), tf.reshape(slots, [-1, 2 * d]), pack(freqs, versions)], 1)
-        meta = tf.stack([freqs_filtered, versions_filtered], 1)
-        if which is not None:
-            mine, mine_waiting = which(keys), which(keys_filtered)
-            keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
-            keys_filtered, meta = tf.boolean_mask(keys_filtered, mine_waiting), tf.boolean_mask(meta, mine_waiting)
-        ops = [tf.raw_ops.LookupTableInsertV2(table_handle=part.values, keys=keys,
-                                              values=tf.reshape(rows, [-1, v.width]))]
-        if part.unadmitted is not None:     # a variable restored without its filter forgets who waited
-            # (an id given a row here that still waits there is read by its row, and dropped there at the next save)
-            ops.append(tf.raw_ops.LookupTableInsertV2(table_handle=part.unadmitted, keys=keys_filtered,
-                                                      values=tf.reshape(meta, [-1, 2])))
-        return tf.group(*ops)
+    keys, keys_filtered = tf.reshape(keys, [-1]), tf.reshape(keys_filtered, [-1])
+    rows = tf.concat([tf.reshape(values, [-1, d]), tf.reshape(slots, [-1, 2 * d]), pack(freqs, versions)], 1)
+    meta = tf.stack([tf.reshape(freqs_filtered, [-1]), tf.reshape(versions_filtered, [-1])], 1)
+    if which is not None:
+        mine, mine_waiting = which(keys), which(keys_filtered)
+        keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
+        keys_filtered, meta = tf.boolean_mask(keys_filtered, mine_waiting), tf.boolean_mask(meta, mine_waiting)
+    return keys, tf.reshape(rows, [-1, v.width]), keys_filtered, tf.reshape(meta, [-1, 2])
 
 
 def saved_parts(names, variable) -> int:

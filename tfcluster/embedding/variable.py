@@ -211,13 +211,6 @@ class Part:
         with tf.control_dependencies([unmark]):
             return tf.identity(keys)
 
-    def tables(self) -> list:
-        """``(table, value dtype, value width or None)`` of each of this part's tables."""
-        tf = tensorflow_v2()
-        v = self.variable
-        return [(self.values, tf.float32, v.width), (self.touched, tf.bool, None)] + (
-            [(self.unadmitted, tf.int64, 2)] if self.unadmitted is not None else [])
-
     def rebuild(self, table, dtype, width, keys, values):
         """The op giving ``table`` fresh buckets that hold exactly ``keys`` (distinct) and ``values``.
 
@@ -248,14 +241,6 @@ class Part:
                 values=unshaped(tf.raw_ops.Empty(shape=tf.stack([buckets, width or 1]), dtype=dtype, init=True)))
         with tf.control_dependencies([fresh]):
             return tf.raw_ops.LookupTableInsertV2(table_handle=table, keys=keys, values=values)
-
-    def clear(self) -> list:
-        """Ops emptying the part's tables (a restore then inserts what was saved)."""
-        tf = tensorflow_v2()
-        key = self.variable.key_dtype
-        return [self.rebuild(table, dtype, width, tf.zeros([0], key), tf.zeros([0] + ([width] if width else []),
-                                                                                 dtype))
-                for table, dtype, width in self.tables()]
 
     def compact(self, evicting, keys, rows, waiting, meta):
         """The op a save runs after reading its rows: where it evicts (``evicting``), the rows' table rebuilt with
