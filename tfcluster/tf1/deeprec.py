@@ -135,8 +135,8 @@ def _rows_hook(v1):
             if not self.count or (self.last is not None and time.monotonic() - self.last < ROWS_EVERY_SECS):
                 return
             self.last = time.monotonic()
-            rows, step = run_context.session.run([self.count, self.step])
-            record_ps_rows(rows, step if step is not None else 0)
+            rows, step = run_context.session.run([self.count, self.step if self.step is not None else []])
+            record_ps_rows(rows, step if self.step is not None else 0)     # a program may have no global step
     return TableRowsHook
 
 
