@@ -4,6 +4,8 @@
     tfcluster local --ps 2 --workers 2 -- python examples/click_through_fit.py --mode async
     tfcluster local --ps 2 --workers 2 -- python examples/click_through_fit.py --mode sync --buckets 1000000
     tfcluster local --ps 2 --workers 2 -- python examples/click_through_fit.py --embedding-variables --filter-freq 2
+    tfcluster local --ps 2 --workers 2 -- python examples/click_through_fit.py --drift 0.5 --examples 512000 \
+        --steps 1000 --embedding-variables --filter-freq 2 --steps-to-live 100
 
 The click logs are made here (scripts/clicklog.py: 13 numeric and 26 categorical features, Zipf-distributed
 values, a click from a hidden rule), one TFRecord shard per trainer, read with ``tf.data`` and
@@ -13,7 +15,9 @@ tables are big and each step touches a few thousand rows: tfcluster splits them 
 tasks (``docs/embeddings.md``), the lookup gathers each part's rows on its ps, and only those rows and
 their gradients cross the wire. With ``--embedding-variables`` each value gets a row of its own instead, in
 embedding variables on the ps (once seen ``--filter-freq`` times; dropped at a save once untouched for
-``--steps-to-live`` steps). Prints the AUC on the held-out file where the evaluation ran.
+``--steps-to-live`` steps). With ``--drift`` the log is a stream whose ids keep arriving, read once in order
+when ``--examples`` covers the steps (global steps x batch), and evaluated on what comes after it. Prints the
+AUC on the held-out file where the evaluation ran.
 """
 
 import argparse
@@ -96,19 +100,21 @@ def parse(records):
     return features, features.pop("clicked")
 
 
-def train_input_fn(data_dir, examples):
-    """Each trainer reads (and makes, if missing) its own shard, shuffled and repeated."""
+def train_input_fn(data_dir, examples, drift=0.0):
+    """Each trainer reads (and makes, if missing) its own shard, shuffled and repeated; a drifting log's in
+    time order, bar a shuffle over a few steps' examples."""
     def input_fn(ctx):
-        path = clicklog.write_train(data_dir, ctx.input_pipeline_id, ctx.num_input_pipelines, examples)
-        records = tf.data.TFRecordDataset([path]).shuffle(20000, seed=ctx.input_pipeline_id).repeat()
-        return records.batch(ctx.per_replica_batch, drop_remainder=True).map(parse).prefetch(2)
+        path = clicklog.write_train(data_dir, ctx.input_pipeline_id, ctx.num_input_pipelines, examples, drift)
+        records = tf.data.TFRecordDataset([path]).shuffle(2048 if drift else 20000, seed=ctx.input_pipeline_id)
+        return records.repeat().batch(ctx.per_replica_batch, drop_remainder=True).map(parse).prefetch(2)
     return input_fn
 
 
-def eval_input_fn(data_dir):
-    """The held-out file, once."""
+def eval_input_fn(data_dir, drift=0.0, examples=0):
+    """The held-out file, once: a drifting log's is the stream's next examples after its ``examples``."""
     def input_fn(ctx):
-        return tf.data.TFRecordDataset([clicklog.write_eval(data_dir, 20_000)]).batch(2000).map(parse)
+        path = clicklog.write_eval(data_dir, 20_000, drift, examples)
+        return tf.data.TFRecordDataset([path]).batch(2000).map(parse)
     return input_fn
 
 
@@ -118,6 +124,8 @@ def main(argv=None):
                    help="async or sync parameter servers (default: async on a cluster, local alone)")
     p.add_argument("--buckets", type=int, default=100_000, help="hash buckets per column (default 100000)")
     p.add_argument("--examples", type=int, default=100_000, help="training examples over all trainers")
+    p.add_argument("--drift", type=float, default=0.0,
+                   help="a click stream whose ids keep arriving (scripts/clicklog.py --drift; default 0: static)")
     p.add_argument("--steps", type=int, default=1000, help="global steps (default 1000)")
     p.add_argument("--batch", type=int, default=512, help="examples per worker and step (default 512)")
     p.add_argument("--lr", type=float, default=0.05, help="Adagrad learning rate (default 0.05)")
@@ -132,6 +140,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.buckets < 1:
         p.error(f"--buckets must be at least 1, got {args.buckets}")
+    if args.drift < 0:
+        p.error(f"--drift must be at least 0, got {args.drift}")
     option = None
     if args.embedding_variables:
         option = tfcluster.EmbeddingVariableOption(
@@ -140,12 +150,13 @@ def main(argv=None):
     tf1.disable_eager_execution()
     checkpoint_dir = args.checkpoint_dir or os.path.join("runs", "click-through")
     data_dir = args.data_dir or checkpoint_dir.rstrip("/") + "_data"
+    held_out = eval_input_fn(data_dir, args.drift, args.examples)
     try:
         result = tfcluster.fit(
-            make_model_fn(args.buckets, option=option), train_input_fn(data_dir, args.examples),
+            make_model_fn(args.buckets, option=option), train_input_fn(data_dir, args.examples, args.drift),
             strategy=None if args.mode is None else strategies.get(args.mode), steps=args.steps,
             batch_size=args.batch, optimizer=lambda: tf1.train.AdagradOptimizer(args.lr),
-            checkpoint_dir=checkpoint_dir, eval_input_fn=eval_input_fn(data_dir), save_checkpoint_secs=30)
+            checkpoint_dir=checkpoint_dir, eval_input_fn=held_out, save_checkpoint_secs=30)
     except tfcluster.TfclusterError as e:  # a wrong cluster for the mode, a lost peer: one line, no traceback
         print(f"click_through_fit.py: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -160,7 +171,7 @@ def main(argv=None):
     if cluster is None or cluster.is_chief:
         # The checkpoint restores in this plain process, whole tables from their parts.
         model_fn = make_model_fn(args.buckets, option=option)
-        metrics = tfcluster.evaluate(model_fn, eval_input_fn(data_dir), checkpoint_dir)
+        metrics = tfcluster.evaluate(model_fn, held_out, checkpoint_dir)
         print(f"click-through at step {metrics['global_step']}: auc {metrics['auc']:.4f}, "
               f"accuracy {metrics['accuracy']:.4f}")
     return 0

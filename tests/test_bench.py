@@ -162,10 +162,16 @@ def test_the_saves_measure_runs_on_2_ps_and_reports_paired_seconds(tmp_path):
 
 def test_embedding_variable_figures_pair_their_runs_with_the_fixed_tables_of_the_same_repeat():
     runs_ = {"ctr_async_ev": [dict(results=[], ps_peak={"ps:0": 300e6, "ps:1": 300e6})],
-             "ctr_async": [dict(results=[], ps_peak={"ps:0": 400e6, "ps:1": 200e6})]}
-    figs = figures(runs_, {"ctr_async_ev": [900.0], "ctr_async": [1000.0]},
-                   {"ctr_auc": {"ev": [0.80, None], "fixed": [0.79, 0.81]}})
+             "ctr_async": [dict(results=[], ps_peak={"ps:0": 400e6, "ps:1": 200e6})],
+             "ctr_stream_ev": [dict(results=[{"auc": 0.80}], ps_peak={"ps:0": 500e6}), None],
+             "ctr_stream": [dict(results=[{}, {"auc": 0.79}], ps_peak={"ps:0": 400e6}),
+                            dict(results=[{"auc": 0.81}], ps_peak={"ps:0": 400e6})]}
+    figs = figures(runs_, {"ctr_async_ev": [900.0], "ctr_async": [1000.0], "ctr_stream_ev": [950.0, None],
+                           "ctr_stream": [1000.0, 1000.0]}, {})
     assert figs["E1 embedding variables / fixed tables (H = 100,000): examples/s"]["median"] == pytest.approx(0.9)
     assert figs["E1 embedding variables / fixed tables (H = 100,000): the ps' peak memory"]["median"] == 1.0
-    e2 = figs["E2 AUC points, embedding variables - fixed tables (H = 100,000), same steps"]
+    stream = "E1 stream: embedding variables / fixed tables of the same memory: examples/s"
+    assert figs[stream]["median"] == pytest.approx(0.95) and figs[stream]["met"] is True
+    assert figs["E1 stream: the ps' peak memory, same (1 = the same memory)"]["median"] == pytest.approx(1.25)
+    e2 = figs["E2 stream: held-out AUC points, embedding variables - fixed tables of the same memory"]
     assert e2["median"] == pytest.approx(1.0) and e2["n"] == 1 and e2["met"] is True

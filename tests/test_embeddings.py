@@ -38,6 +38,33 @@ def test_the_click_log_has_criteo_s_shape_a_learnable_click_rate_and_zipf_values
     assert not np.array_equal(ranks, other[1])                  # each shard its own rows
 
 
+def test_a_drifting_click_log_brings_new_ids_every_step_born_at_the_top_and_clicks_follow_each_id(tmp_path):
+    import tensorflow as tf
+    _, ids, clicked = clicklog.examples(50_000, seed=0, drift=0.5)
+    assert 0.18 < clicked.mean() < 0.32
+    early, late = set(ids[:5_000, -1].tolist()), set(ids[-5_000:, -1].tolist())
+    assert len(late - early) > 0.9 * len(late)                  # the biggest column's ids move on
+    assert set(ids[:, 0].tolist()) <= set(range(-19, 1))        # a device type stays a device type
+    newest = np.arange(50_000) // 2                              # the id born at each example (0.5 an example)
+    assert (ids[:, -1] <= newest).all()                         # no id before its birth
+    assert (ids[:, -1] == newest).mean() > 0.1                  # and the newborn is the most frequent
+    # Example j of shard i is the stream's example j * shards + i: the shards walk through time together.
+    _, shard, _ = clicklog.examples(100, seed=1, drift=0.5, start=1, stride=2)
+    born = (1 + 2 * np.arange(100)) // 2                          # floor(0.5 * (2j + 1))
+    assert (shard[:, -1] <= born).all() and (shard[:, -1] == born).sum() > 5
+    # Clicks follow a weight per id, the same wherever the id appears.
+    assert np.array_equal(clicklog._id_weights(25, np.array([7, 7, 8])), clicklog._id_weights(25, np.array([7, 7, 8])))
+    assert clicklog._id_weights(25, np.array([7]))[0] != clicklog._id_weights(24, np.array([7]))[0]
+    # The evaluation file is the stream after the training examples, named by its drift.
+    train = clicklog.write_train(str(tmp_path), 0, 2, 400, drift=0.5)
+    held_out = clicklog.write_eval(str(tmp_path), 100, drift=0.5, train_examples=400)
+    assert os.path.basename(train) == "train-0-of-2-drift0.5.tfrecord"
+    assert os.path.basename(held_out) == "eval-drift0.5-after400.tfrecord"
+    first = next(iter(tf.data.TFRecordDataset([held_out]).batch(100)))
+    c26 = tf.io.parse_example(first, clicklog.feature_spec())["C26"].numpy().ravel()
+    assert max(int(v.split(b":")[1]) for v in c26) >= 0.5 * 400 - 1           # ids born after the training ones
+
+
 def test_shards_are_written_once_atomically_and_parse_as_tf_examples(tmp_path):
     import tensorflow as tf
     path = clicklog.write_train(str(tmp_path), 1, 2, 200)

@@ -8,6 +8,10 @@ there, and prints what those steps moved as a ``TRAFFIC`` line too: the distinct
 bytes of those rows (deep and wide: 17 floats a row) and of the dense weights, the bytes this worker and the
 ps tasks received, each task's share, and where the tables' parts live (the placement report). Bytes come
 from the traced steps, never from a model of what should travel.
+
+With ``--checkpoint-dir`` the chief saves every ``--save-steps`` (where embedding variables evict) and, after
+training, puts the held-out file's AUC in its ``BENCH`` line (the example's model, metrics included,
+restored in this process). ``--drift`` trains on a click stream whose ids keep arriving (scripts/clicklog.py).
 """
 
 import argparse
@@ -49,9 +53,21 @@ p.add_argument("--split-kb", type=float, default=None,
                help="the ps strategy's partition_min_bytes in KB: split variables this big over every ps")
 p.add_argument("--embedding-variables", action="store_true",
                help="a row per value in embedding variables (docs/embeddings.md) instead of --buckets hashed rows")
+p.add_argument("--filter-freq", type=int, default=0, help="embedding variables: admit a value once seen this often")
+p.add_argument("--steps-to-live", type=int, default=None, help="embedding variables: evict rows this stale at saves")
+p.add_argument("--drift", type=float, default=0.0, help="new ids an example (scripts/clicklog.py --drift)")
+p.add_argument("--lr", type=float, default=0.05, help="Adagrad's learning rate (default 0.05)")
+p.add_argument("--accumulator", type=float, default=0.1, help="Adagrad's initial accumulator (default 0.1)")
+p.add_argument("--checkpoint-dir", default=None, help="save there, and report the held-out AUC")
+p.add_argument("--save-steps", type=int, default=100, help="with --checkpoint-dir: steps between saves")
 a = p.parse_args()
 tf1.disable_eager_execution()
-inner = example.make_model_fn(a.buckets, option=tfcluster.EmbeddingVariableOption() if a.embedding_variables else None)
+option = None
+if a.embedding_variables:
+    option = tfcluster.EmbeddingVariableOption(
+        filter_option=tfcluster.CounterFilter(a.filter_freq) if a.filter_freq else None,
+        evict_option=tfcluster.GlobalStepEvict(a.steps_to_live) if a.steps_to_live else None)
+inner = example.make_model_fn(a.buckets, option=option)
 distinct = {}
 
 
@@ -97,12 +113,18 @@ if a.max_shard_mb is not None or a.split_kb is not None:
     if a.split_kb is not None:
         options["partition_min_bytes"] = int(a.split_kb * 1024)
     strategy = strategies.ParameterServerStrategy(a.mode, **options)
-result = tfcluster.fit(model_fn, example.train_input_fn(a.data_dir, a.examples), strategy=strategy,
+saving = dict(checkpoint_dir=a.checkpoint_dir, save_checkpoint_steps=a.save_steps) if a.checkpoint_dir else {}
+result = tfcluster.fit(model_fn, example.train_input_fn(a.data_dir, a.examples, a.drift), strategy=strategy,
                        steps=10 ** 6 if a.trace else a.steps, batch_size=a.batch,
-                       optimizer=lambda: tf1.train.AdagradOptimizer(0.05),
-                       hooks=[h for h in (traffic, measure) if h], log_every_secs=1e9)
+                       optimizer=lambda: tf1.train.AdagradOptimizer(a.lr, a.accumulator),
+                       hooks=[h for h in (traffic, measure) if h], log_every_secs=1e9, **saving)
 if result is not None:
-    extra = {}
+    extra, held_out = {}, {}
+    if a.checkpoint_dir and tfcluster.Cluster.from_tf_config().is_chief:     # it wrote the last checkpoint
+        tf1.reset_default_graph()
+        metrics = tfcluster.evaluate(example.make_model_fn(a.buckets, option=option),
+                                     example.eval_input_fn(a.data_dir, a.drift, a.examples), a.checkpoint_dir)
+        held_out = dict(auc=float(metrics["auc"]), auc_step=int(metrics["global_step"]))
     if traffic is not None and traffic.traffic is not None:
         t = traffic.traffic
         ids = sum(v["distinct"] for v in traffic.values) / len(traffic.values)
@@ -112,4 +134,4 @@ if result is not None:
         print("TRAFFIC " + json.dumps(dict(task=result.task, **extra)), flush=True)
     report(dict(peer=f"tfcluster_{a.mode}", task=result.task, examples_per_sec=result.examples_per_sec,
                 steps=result.local_steps, first_step_at=result.first_step_at, last_step_at=result.last_step_at,
-                timeline=result.timeline, batch=a.batch, started=started, traffic=extra or None))
+                timeline=result.timeline, batch=a.batch, started=started, traffic=extra or None, **held_out))

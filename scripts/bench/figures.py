@@ -22,6 +22,8 @@ PANELS = {
     "pull": "pulling a 64 MB variable from a ps",
     "saves": "a full save of 2 ps' state (a 128 MB table and its slot, in 8 MB parts over both ps)",
     "drift": "an embedding variable on 1 ps, Zipf ids drifting by 100 a step, GlobalStepEvict(100), saves every 25",
+    "stream": "click stream, ids drifting 0.5 an example (scripts/clicklog.py --drift): embedding variables "
+              "(CounterFilter(2), GlobalStepEvict(100)) against H = 50,000, 2 workers, 2 ps",
     "accuracy": "README example (digits): test accuracy points, bfloat16 - float32 wire",
 }
 
@@ -45,7 +47,7 @@ GROUPS = {
     "Horovod program, digits CNN (TF1 mode)": ["hvd_cnn", "hvd_cnn_fp16", "hvd_cnn_collective", "hvd_cnn_single"],
     "click-through, 2 workers (2 ps unless named)": ["ctr_async", "ctr_async_1ps", "ctr_sync", "ctr_raw_tf1",
                                                      "ctr_tf2_pss", "ctr_async_h10k", "ctr_async_h1m", "ctr_sync_h1m",
-                                                     "ctr_async_ev",
+                                                     "ctr_async_ev", "ctr_stream", "ctr_stream_ev",
                                                      "ctr_async_bf16"],
 }
 #: What a peer cannot express, said in the table instead of a figure, per panel.
@@ -217,6 +219,7 @@ def _ctr(runs, thr, add, pair):
              for k in ("ctr_async_ev", "ctr_async")}
     add("E1 embedding variables / fixed tables (H = 100,000): the ps' peak memory",
         ratio(peaks["ctr_async_ev"], peaks["ctr_async"]), "ctr", "tfcluster", "measured")
+    _stream(runs, add, pair)
     for name, row in (("C5 MB a ps holds beyond its variables (peak - state), 2 ps", "ctr_async"),
                       ("C5 MB a ps holds beyond its variables (peak - state), 1 ps", "ctr_async_1ps")):
         add(name, _per_run(runs, row, _beyond_state), "ctr", "tfcluster", "<= 400", unit="MB")
@@ -229,6 +232,22 @@ def _ctr(runs, thr, add, pair):
         [a / b for a, b in zip(received["ctr_traffic_bf16"], received["ctr_traffic"]) if a and b], "ctr",
         "tfcluster", "<= 0.55")
     pair("C8 bfloat16 wire / float32 wire: examples/s", "ctr_async_bf16", "ctr_async", "ctr", "tfcluster", ">= 1.2")
+
+
+def _stream(runs, add, pair):
+    """E1 and E2 on the drifting click stream: embedding variables against fixed tables of their memory."""
+    pair("E1 stream: embedding variables / fixed tables of the same memory: examples/s", "ctr_stream_ev",
+         "ctr_stream", "stream", "tfcluster", ">= 0.9")
+    peaks = {k: _per_run(runs, k, lambda r: sum((r.get("ps_peak") or {}).values()) / 1e6 or None)
+             for k in ("ctr_stream_ev", "ctr_stream")}
+    add("E1 stream: the ps' peak memory, same (1 = the same memory)", ratio(peaks["ctr_stream_ev"],
+                                                                          peaks["ctr_stream"]),
+        "stream", "tfcluster", "measured")
+    aucs = {k: _per_run(runs, k, lambda r: next((x["auc"] for x in r["results"] if "auc" in x), None))
+            for k in ("ctr_stream_ev", "ctr_stream")}
+    add("E2 stream: held-out AUC points, embedding variables - fixed tables of the same memory",
+        [100 * (a - b) for a, b in zip(aucs["ctr_stream_ev"], aucs["ctr_stream"]) if a is not None and b is not None],
+        "stream", "tfcluster", ">= 0", unit="points")
 
 
 def _startup(out, runs, extra, add):
@@ -263,11 +282,6 @@ def _startup(out, runs, extra, add):
         add("P7 ps pull bytes/s / TCP loopback bytes/s", ratio(extra["pull"], extra["tcp"]), "pull", "TCP", ">= 0.5")
         add("P7 one whole variable, as plain TF places it / TCP", ratio(extra["pull_whole"], extra["tcp"]), "pull",
             "plain TF", "peer")
-    auc = extra.get("ctr_auc") or {}
-    if auc.get("ev") and auc.get("fixed"):
-        add("E2 AUC points, embedding variables - fixed tables (H = 100,000), same steps",
-            [100 * (a - b) for a, b in zip(auc["ev"], auc["fixed"]) if a is not None and b is not None], "ctr",
-            "tfcluster", ">= 0", unit="points")
     drift = [r for r in extra.get("drift") or [] if r and r.get("end")]
     if drift:
         add("E3 ps memory after 10x the ids of its steady state, with eviction / at steady state",
