@@ -10,8 +10,9 @@ Every figure compares A with B interleaved in one run (the order rotates each
 repeat), and reports the median with its min-max spread. Results go to
 ``--out`` (default ``bench-results/``): results.json, results.md and, when
 matplotlib is installed (``pip install -e '.[bench]'``), ratios.png and
-throughput.png. ``--readme`` rewrites the README's table (between its
-``bench:begin`` and ``bench:end`` marks) from this run; ``--profile`` adds
+throughput.png (``--replot`` draws them again from results.json). ``--readme``
+rewrites the README's table (between its ``bench:begin`` and ``bench:end``
+marks) from this run; ``--profile`` adds
 where a ps step's time goes (scripts/bench/profile_step.py) to results.md.
 
 Workloads (scripts/bench/): an MLP 784-512-10 with batch 128 per worker (per
@@ -440,8 +441,13 @@ def main():
     p.add_argument("--readme", action="store_true", help="rewrite the README's table from this run (the "
                                                          "click-through table when only ctr_* rows ran)")
     p.add_argument("--profile", action="store_true", help="also trace where a ps step's time goes")
+    p.add_argument("--replot", action="store_true", help="only draw --out's plots again from its results.json")
     a = p.parse_args()
-    from report import CTR_BEGIN, CTR_END, write, write_readme
+    from report import CTR_BEGIN, CTR_END, replot, write, write_readme
+    if a.replot:
+        replot(a.out)
+        print(f"bench: drew {a.out}/ratios.png and throughput.png from its results.json")
+        return
     started = time.time()
     try:
         runs, extra, meta = measure(a.quick, a.steps, a.reps, a.rows.split(",") if a.rows else None)

@@ -84,6 +84,17 @@ def write(out, thr, figs, extra, meta, traced) -> str:
     return md
 
 
+def replot(out):
+    """The plots of ``out``'s results.json again (a run made where matplotlib was not installed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    with open(os.path.join(out, "results.json")) as fh:
+        doc = json.load(fh)
+    thr = {k: v["values"] for k, v in doc["throughput"].items() if v}
+    plot_ratios(os.path.join(out, "ratios.png"), doc["figures"], doc)
+    plot_throughput(os.path.join(out, "throughput.png"), thr, doc)
+
+
 def write_readme(path, md, out, begin=BEGIN, end=END):
     """Put ``md`` between the README's marks (``begin``, ``end``), with links to ``out``'s files."""
     with open(path) as fh:
@@ -100,16 +111,21 @@ def write_readme(path, md, out, begin=BEGIN, end=END):
 
 
 def plot_ratios(path, figs, meta):
-    """One panel per workload: each figure's median, its min-max spread, and its goal as a black bar."""
+    """One panel per workload and unit (a ratio beside MB would sit at zero): each figure's median, its
+    min-max spread, and its goal as a black bar."""
+    import textwrap
+
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
-    panels = [(p, [k for k, v in figs.items() if v["panel"] == p]) for p in PANELS]
+    units = sorted({v.get("unit", "x") for v in figs.values()}, key=lambda u: u != "x")
+    panels = [((p, u), [k for k, v in figs.items() if v["panel"] == p and v.get("unit", "x") == u])
+              for p in PANELS for u in units]
     panels = [(p, ks) for p, ks in panels if ks]
     if not panels:
         return
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.0 + sum(0.42 * len(ks) + 0.8 for _, ks in panels)),
                              gridspec_kw=dict(height_ratios=[len(ks) + 1.2 for _, ks in panels]), squeeze=False)
-    for ax, (panel, names) in zip(axes[:, 0], panels):
+    for ax, ((panel, unit), names) in zip(axes[:, 0], panels):
         for y, name in enumerate(names):
             f = figs[name]
             ax.errorbar([f["median"]], [y], xerr=[[f["median"] - f["min"]], [f["max"] - f["median"]]], fmt="o",
@@ -123,7 +139,8 @@ def plot_ratios(path, figs, meta):
         ax.set_yticklabels([f"{n} (goal {figs[n]['goal'].split(' (')[0]})" if figs[n]["met"] is not None else n
                             for n in names], fontsize=8)
         ax.invert_yaxis()
-        ax.set_title(PANELS[panel], fontsize=9, loc="left")
+        title = PANELS[panel] + ("" if unit == "x" else f" ({unit})")
+        ax.set_title("\n".join(textwrap.wrap(title, 48)), fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
         lo, hi = ax.get_xlim()
         lo = min(lo, 0.0)  # from zero, so a 0.49 beside a 0.50 does not look like a gap
