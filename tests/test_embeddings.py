@@ -257,6 +257,15 @@ def test_a_step_moves_the_rows_its_batch_touches_and_the_dense_weights_not_the_t
         assert t["ps_received"] < table_bytes / 50
         reliability(f"{task} {mode} {wire}: bytes received / (touched rows + dense)", round(received, 3))
         reliability(f"{task} {mode} {wire}: bytes sent to the ps / (touched rows + dense)", round(sent, 3))
+        if mode == "async":
+            # Each ps applies one sparse update per table part it holds (of the deep table, and of the wide one
+            # where it is), read from the same traced steps; batching the tables is what would make it one.
+            for ps, ops in t["ps_ops"].items():
+                updates = sum(n for kind, n in ops.items() if kind.startswith("ResourceSparseApply"))
+                held = t["parts"].get("/job:ps/task:" + ps.split(":")[1], [])
+                assert updates == len(held) >= 1, (task, ps, ops, t["parts"])
+            reliability(f"{task} {mode} {wire}: tensors sent to / received from the ps per step",
+                        f"{t['tensors_to_ps']:.0f} / {t['tensors_from_ps']:.0f}")
 
 
 @pytest.mark.slow

@@ -130,7 +130,9 @@ if result is not None:
         ids = sum(v["distinct"] for v in traffic.values) / len(traffic.values)
         extra = dict(distinct=ids, row_bytes=ids * ROW_FLOATS * 4, dense_bytes=measure.dense,
                      worker_received=t.received_by(result.task), ps_received=t.received_by("ps"),
-                     by_task=t.by_task(), parts=measure.parts, largest_to_ps=t.largest(3, "ps"))
+                     by_task=t.by_task(), parts=measure.parts, largest_to_ps=t.largest(3, "ps"),
+                     ps_ops={task: t.ops_on(task) for task in sorted(t.by_task()) if task.startswith("ps:")},
+                     tensors_to_ps=t.tensors(result.task, "ps"), tensors_from_ps=t.tensors("ps", result.task))
         print("TRAFFIC " + json.dumps(dict(task=result.task, **extra)), flush=True)
     report(dict(peer=f"tfcluster_{a.mode}", task=result.task, examples_per_sec=result.examples_per_sec,
                 steps=result.local_steps, first_step_at=result.first_step_at, last_step_at=result.last_step_at,

@@ -7,7 +7,9 @@ a label ``... edge_N_<op name> from <device> to <device>``. :func:`step_traffic`
 turns a step's ``RunMetadata`` into :class:`Transfer` records;
 :class:`TrafficHook` traces a few steps of a training loop and keeps their
 mean per step, so a test or the bench states bytes per step as measured, not
-as a model of what should travel.
+as a model of what should travel. The same stats name every op each task ran
+(``<node> = <OpType>(...)``): :meth:`StepTraffic.ops_on` counts them per step,
+so "one gather per ps per step" is measured the same way.
 
 TensorFlow is not imported here.
 """
@@ -20,6 +22,7 @@ from typing import Optional
 from .step import Hook, RunArgs
 
 _LABEL = re.compile(r"edge_\d+_(?P<tensor>\S+) from (?P<src>\S+) to (?P<dst>\S+)")
+_OP = re.compile(r"^\S+ = (?P<type>[A-Za-z0-9_]+)\(")
 
 
 def task_of(device: str) -> str:
@@ -40,11 +43,12 @@ class Transfer:
 
 
 class StepTraffic:
-    """The transfers of one step (or the mean of several), between tasks only."""
+    """The transfers of one step (or the mean of several), between tasks only, and the ops each task ran."""
 
-    def __init__(self, transfers, steps: int = 1):
+    def __init__(self, transfers, steps: int = 1, ops=()):
         self.transfers = tuple(transfers)
         self.steps = steps
+        self.ops = tuple(ops)       # (task, op type), one per op run
 
     def _sum(self, keep) -> float:
         return sum(t.nbytes for t in self.transfers if keep(t)) / self.steps
@@ -69,6 +73,19 @@ class StepTraffic:
             out[t.src][1] += t.nbytes / self.steps
         return {k: tuple(v) for k, v in sorted(out.items())}
 
+    def tensors(self, src: str, dst: str) -> float:
+        """Tensors per step received by ``dst`` from ``src`` (tasks or jobs): one ``RecvTensor`` call each."""
+        return sum(1 for t in self.transfers if _matches(t.src, src) and _matches(t.dst, dst)) / self.steps
+
+    def ops_on(self, job_or_task: str) -> dict:
+        """``{op type: runs per step}`` of a task, or of each task of a job on average."""
+        tasks = {task for task, _ in self.ops if _matches(task, job_or_task)}
+        counts = defaultdict(float)
+        for task, kind in self.ops:
+            if task in tasks:
+                counts[kind] += 1 / (self.steps * len(tasks))
+        return {kind: round(n, 3) for kind, n in sorted(counts.items())}
+
     def largest(self, n: int = 5, where: Optional[str] = None) -> list:
         """The ``n`` biggest transfers (per step), optionally only those received by ``where``."""
         rows = defaultdict(float)
@@ -86,11 +103,15 @@ def _matches(task: str, job_or_task: str) -> bool:
 
 
 def step_traffic(run_metadata) -> StepTraffic:
-    """The tensors received between tasks in the step of ``run_metadata`` (traced with FULL_TRACE)."""
-    transfers = []
+    """The tensors received between tasks in the step of ``run_metadata`` (traced with FULL_TRACE), and the ops
+    each task ran."""
+    transfers, ops = [], []
     for dev in run_metadata.step_stats.dev_stats:
         for node in dev.node_stats:
             if node.node_name != "RecvTensor":
+                op = _OP.match(node.timeline_label)
+                if op is not None:
+                    ops.append((task_of(dev.device), op.group("type")))
                 continue
             m = _LABEL.search(node.timeline_label)
             if m is None:
@@ -99,7 +120,7 @@ def step_traffic(run_metadata) -> StepTraffic:
             src, dst = task_of(m.group("src")), task_of(m.group("dst"))
             if src != dst:
                 transfers.append(Transfer(m.group("tensor"), src, dst, int(nbytes)))
-    return StepTraffic(transfers)
+    return StepTraffic(transfers, ops=ops)
 
 
 class TrafficHook(Hook):
@@ -113,7 +134,7 @@ class TrafficHook(Hook):
     def __init__(self, after: int = 20, steps: int = 5, fetches=None):
         self.after, self.steps, self.fetches = after, steps, fetches or {}
         self.seen = 0
-        self.transfers = []
+        self.transfers, self.ops = [], []
         self.values = []
         self.traffic = None
 
@@ -133,7 +154,9 @@ class TrafficHook(Hook):
         """Keep the traced step's transfers; after the last, their mean."""
         if not self._tracing() or run_values.run_metadata is None:
             return
-        self.transfers += step_traffic(run_values.run_metadata).transfers
+        step = step_traffic(run_values.run_metadata)
+        self.transfers += step.transfers
+        self.ops += step.ops
         self.values.append(run_values.results)
         if self.seen == self.after + self.steps:
-            self.traffic = StepTraffic(self.transfers, steps=self.steps)
+            self.traffic = StepTraffic(self.transfers, steps=self.steps, ops=self.ops)
