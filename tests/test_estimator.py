@@ -165,6 +165,32 @@ def test_hooks_run_around_the_steps_and_stop_training_and_listeners_hear_each_sa
     assert Listener.saved == [20, 25]
 
 
+def test_a_model_fn_s_own_checkpoint_saver_hook_saves_instead_of_the_estimator_s_as_in_tf_1x(tmp_path,
+                                                                                               monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    model_dir = str(tmp_path / "model")
+
+    class Listener(tf1.train.CheckpointSaverListener):
+        saved = []
+
+        def after_save(self, session, global_step_value):
+            Listener.saved.append(global_step_value)
+
+    def saving_model_fn(features, labels, mode, params):
+        spec = model_fn(features, labels, mode, params)
+        if mode != est.ModeKeys.TRAIN:
+            return spec
+        return spec._replace(training_chief_hooks=[tf1.train.CheckpointSaverHook(model_dir, save_steps=15)])
+
+    estimator = est.Estimator(saving_model_fn, model_dir=model_dir, params={},
+                              config=est.RunConfig(save_checkpoints_steps=20, log_step_count_steps=0))
+    estimator.train(train_input(), max_steps=45, saving_listeners=[Listener()])
+    steps = sorted(int(f.split("-")[1].split(".")[0]) for f in os.listdir(model_dir) if f.endswith(".index"))
+    # The program's period, not RunConfig's 20 (and TF's hook saves the step it starts at, as in TF 1.x).
+    assert steps == [0, 15, 30, 45]
+    assert Listener.saved == [0, 15, 30, 45]        # the listeners hear the program's hook, as in TF 1.x
+
+
 def test_train_and_evaluate_without_a_cluster_evaluates_and_exports_at_the_end(estimator, tmp_path):
     receiver = est.export.build_raw_serving_input_receiver_fn({"x": placeholder()})
     result, exports = est.train_and_evaluate(

@@ -240,6 +240,9 @@ def _session(estimator, run, train_graph, spec, init_local, hooks, saving_listen
     if run.is_chief:
         saver = scaffold.saver or run.saver(max_to_keep=config.keep_checkpoint_max,
                                             keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours)
+        if not tf1.get_collection(tf1.GraphKeys.SAVERS):
+            # As TF 1.x's Scaffold leaves its saver: a program's CheckpointSaverHook without one finds it there.
+            tf1.add_to_collection(tf1.GraphKeys.SAVERS, saver)
         writer = tf1.summary.FileWriterCache.get(estimator.model_dir)
         tf1.summary.scalar("loss", spec.loss)
         summary_op = scaffold.summary_op if scaffold.summary_op is not None else tf1.summary.merge_all()
@@ -251,10 +254,20 @@ def _session(estimator, run, train_graph, spec, init_local, hooks, saving_listen
         collective.configure(session_config)
     session = run.session(train_graph, config=session_config, saver=saver, extra_local_init=local_init,
                           init_fn=scaffold.init_fn, init_feed_dict=scaffold.init_feed_dict)
+    save_steps, save_secs = config.save_checkpoints_steps, config.save_checkpoints_secs
+    programs = [h for h in [*spec.training_chief_hooks, *spec.training_hooks, *hooks]
+                if isinstance(h, tf1.train.CheckpointSaverHook)]
+    if programs:
+        # TF 1.x's Estimator adds no saver of its own when the program brings a CheckpointSaverHook, and gives
+        # it the saving listeners: periodic saves are the program's, tfcluster's hook keeps only the final one
+        # (and what rides on it: the done marker, a failed final save's exit).
+        save_steps = save_secs = None
+        programs[0]._listeners.extend(saving_listeners or ())
+        saving_listeners = ()
     listening = functools.partial(ListeningCheckpointHook, listeners=saving_listeners or ())
     # The step log last: its closing line comes after the final checkpoint.
-    return session, run.hooks(train_graph, session, saver=saver, save_steps=config.save_checkpoints_steps,
-                              save_secs=config.save_checkpoints_secs, checkpoint_hook=listening,
+    return session, run.hooks(train_graph, session, saver=saver, save_steps=save_steps,
+                              save_secs=save_secs, checkpoint_hook=listening,
                               own=[GlobalStepGuard()], summary=summary, chief=spec.training_chief_hooks,
                               after=list(spec.training_hooks) + hooks + [StepLogHook(run.name,
                                                                                      config.log_step_count_steps)])
