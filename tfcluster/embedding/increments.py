@@ -37,7 +37,7 @@ import shutil
 from ..core import patches
 from ..core.tferrors import summary
 from ..runtime.checkpoints import CHECKPOINT_NAME, checkpoints_on_disk, set_aside, step_in_name
-from .saving import FIELDS, apply_part, fill_ops, is_part_saveable, ops_added, parts_saved_by, remap_restore
+from .saving import FIELDS, apply_part, fill_ops, ops_added, parts_saved_by, remap_restore, without_parts
 from .variable import Part, embedding_variables, tensorflow_v2, unpack
 
 log = logging.getLogger("tfcluster")
@@ -89,15 +89,9 @@ def _increment_class():
 
 
 def without_embedding_variables(var_list, graph):
-    """``var_list`` (a Saver's: a list, or a dict by name) without embedding variables' parts, stand-ins and initial
-    matrices: what an increment saves whole."""
-    skip = {id(x) for v in embedding_variables(graph) for x in (v.anchor, v.initial)}
-
-    def kept(x):
-        return id(x) not in skip and not is_part_saveable(x)
-    if isinstance(var_list, dict):
-        return {name: x for name, x in var_list.items() if kept(x)}
-    return [x for x in var_list if kept(x)]
+    """``var_list`` (a Saver's) without embedding variables' parts, stand-ins and initial matrices: what an
+    increment saves whole."""
+    return without_parts(var_list, [x for v in embedding_variables(graph) for x in (v.anchor, v.initial)])
 
 
 def rest_of_model(graph) -> list:

@@ -197,6 +197,18 @@ def is_part_saveable(saveable) -> bool:
     return isinstance(saveable, _saveable_class_cached())
 
 
+def without_parts(var_list, skip=()):
+    """``var_list`` (a Saver's: a list, or a dict by name) without embedding-variable parts and the objects in
+    ``skip``: what a Saver holds beside them."""
+    skipped = {id(x) for x in skip}
+
+    def kept(x):
+        return id(x) not in skipped and not is_part_saveable(x)
+    if isinstance(var_list, dict):
+        return {name: x for name, x in var_list.items() if kept(x)}
+    return [x for x in var_list if kept(x)]
+
+
 def remap_restore(saver, sess, prefix: str) -> bool:
     """Restore ``prefix`` through ``saver`` with each embedding variable read by id from however many parts saved
     it; False (nothing done) when the parts saved are the parts now, so the Saver's own restore is right."""
@@ -213,9 +225,7 @@ def remap_restore(saver, sess, prefix: str) -> bool:
         return False
     with ops_added(sess.graph, "tfcluster_ev_restore"):
         fill = tf.group(*fill_ops(variables, names, prefix))
-        rest = saver._var_list
-        rest = {k: x for k, x in rest.items() if not is_part_saveable(x)} if isinstance(rest, dict) \
-            else [x for x in rest if not is_part_saveable(x)]
+        rest = without_parts(saver._var_list)
         others = tf.compat.v1.train.Saver(rest, sharded=saver._sharded, allow_empty=True) if rest else None
     sess.run(fill)
     if others is not None:
