@@ -16,8 +16,8 @@ tasks (``docs/embeddings.md``), the lookup gathers each part's rows on its ps, a
 their gradients cross the wire. With ``--embedding-variables`` each value gets a row of its own instead, in
 embedding variables on the ps (once seen ``--filter-freq`` times; dropped at a save once untouched for
 ``--steps-to-live`` steps). With ``--drift`` the log is a stream whose ids keep arriving, read once in order
-when ``--examples`` covers the steps (global steps x batch), and evaluated on what comes after it. Prints the
-AUC on the held-out file where the evaluation ran.
+when ``--examples`` covers the steps (global steps x batch; x workers in sync), and evaluated on what comes
+after it. Prints the AUC on the held-out file where the evaluation ran.
 """
 
 import argparse

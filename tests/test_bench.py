@@ -160,6 +160,25 @@ def test_the_saves_measure_runs_on_2_ps_and_reports_paired_seconds(tmp_path):
     assert line["state_bytes"] == 2 * (8 << 20)
 
 
+@pytest.mark.timeout(180)
+def test_the_stream_rows_train_on_a_drifting_log_and_the_chief_reports_its_held_out_auc(tmp_path):
+    # The bench's ctr_stream_ev row, short: E2 is the AUC in the chief's BENCH line.
+    r = subprocess.run([sys.executable, "-m", "tfcluster", "local", "--ps", "2", "--workers", "2", "--log-dir",
+                        str(tmp_path / "logs"), "--", sys.executable, "scripts/bench/ctr.py", "--mode", "async",
+                        "--steps", "30", "--batch", "128", "--examples", str(30 * 128), "--drift", "0.5",
+                        "--data-dir", str(tmp_path / "data"), "--embedding-variables", "--filter-freq", "2",
+                        "--steps-to-live", "10", "--checkpoint-dir", str(tmp_path / "run"), "--save-steps", "10"],
+                       cwd=REPO, capture_output=True, text=True, timeout=170, env=base_env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = runs.parse_bench(r.stdout)
+    assert len(lines) == 2 and [x["task"] for x in lines if "auc" in x] == ["worker:0"], lines
+    chief = next(x for x in lines if "auc" in x)
+    assert 0.5 < chief["auc"] <= 1.0 and chief["auc_step"] >= 30      # the last checkpoint: async may pass 30
+    assert sorted(os.listdir(tmp_path / "data")) == ["eval-drift0.5-after3840.tfrecord",
+                                                     "train-0-of-2-drift0.5.tfrecord",
+                                                     "train-1-of-2-drift0.5.tfrecord"]
+
+
 def test_embedding_variable_figures_pair_their_runs_with_the_fixed_tables_of_the_same_repeat():
     runs_ = {"ctr_async_ev": [dict(results=[], ps_peak={"ps:0": 300e6, "ps:1": 300e6})],
              "ctr_async": [dict(results=[], ps_peak={"ps:0": 400e6, "ps:1": 200e6})],

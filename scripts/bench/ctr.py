@@ -120,7 +120,8 @@ result = tfcluster.fit(model_fn, example.train_input_fn(a.data_dir, a.examples, 
                        hooks=[h for h in (traffic, measure) if h], log_every_secs=1e9, **saving)
 if result is not None:
     extra, held_out = {}, {}
-    if a.checkpoint_dir and tfcluster.Cluster.from_tf_config().is_chief:     # it wrote the last checkpoint
+    cluster = tfcluster.Cluster.from_tf_config() if os.environ.get("TF_CONFIG") else None
+    if a.checkpoint_dir and (cluster is None or cluster.is_chief):       # it wrote the last checkpoint
         tf1.reset_default_graph()
         metrics = tfcluster.evaluate(example.make_model_fn(a.buckets, option=option),
                                      example.eval_input_fn(a.data_dir, a.drift, a.examples), a.checkpoint_dir)
