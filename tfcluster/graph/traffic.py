@@ -7,9 +7,11 @@ a label ``... edge_N_<op name> from <device> to <device>``. :func:`step_traffic`
 turns a step's ``RunMetadata`` into :class:`Transfer` records;
 :class:`TrafficHook` traces a few steps of a training loop and keeps their
 mean per step, so a test or the bench states bytes per step as measured, not
-as a model of what should travel. The same stats name every op each task ran
+as a model of what should travel. The same stats name the ops each task ran
 (``<node> = <OpType>(...)``): :meth:`StepTraffic.ops_on` counts them per step,
-so "one gather per ps per step" is measured the same way.
+so "one sparse update per ps per step" is measured the same way. They are not
+always whole: a ps's two table parts showed one ``ResourceGather`` a step
+(docs/embeddings.md, C9), so count an op only where a test has checked it.
 
 TensorFlow is not imported here.
 """
