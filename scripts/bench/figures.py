@@ -183,8 +183,8 @@ def _received_ratio(t):
     return t["worker_received"] / (t["row_bytes"] + t["dense_bytes"])
 
 
-#: Op types that apply a sparse update to a table (the traced steps' stats), by type name or prefix.
-SPARSE_UPDATES = ("ResourceSparseApply", "SparseApply", "ResourceScatter", "LookupTableInsertV2")
+#: Op types that apply a sparse update to a variable (the traced steps' stats), by type name or prefix.
+SPARSE_UPDATES = ("ResourceSparseApply", "SparseApply", "ResourceScatter")
 
 
 def _ps_ops(traffic, kinds):
@@ -202,6 +202,11 @@ def _ps_balance(run):
             if task.startswith("ps:"):
                 per_ps[task] = per_ps.get(task, 0.0) + got + sent
     return max(per_ps.values()) / (sum(per_ps.values()) / len(per_ps)) if len(per_ps) > 1 else None
+
+
+def _ps_peak_mb(run):
+    """The ps tasks' peak memory added up, in MB (None: the run did not measure it)."""
+    return sum((run.get("ps_peak") or {}).values()) / 1e6 or None
 
 
 def _beyond_state(run):
@@ -227,7 +232,7 @@ def _ctr(runs, thr, add, pair):
     pair("C5 async on 2 ps / on 1 ps", "ctr_async", "ctr_async_1ps", "ctr", "tfcluster", ">= 1.0")
     pair("E1 embedding variables / fixed tables (H = 100,000): examples/s", "ctr_async_ev", "ctr_async", "ctr",
          "tfcluster", ">= 0.9")
-    peaks = {k: _per_run(runs, k, lambda r: sum((r.get("ps_peak") or {}).values()) / 1e6 or None)
+    peaks = {k: _per_run(runs, k, _ps_peak_mb)
              for k in ("ctr_async_ev", "ctr_async")}
     add("E1 embedding variables / fixed tables (H = 100,000): the ps' peak memory",
         ratio(peaks["ctr_async_ev"], peaks["ctr_async"]), "ctr", "tfcluster", "measured")
@@ -258,7 +263,7 @@ def _stream(runs, add, pair):
     """E1 and E2 on the drifting click stream: embedding variables against fixed tables of their memory."""
     pair("E1 stream: embedding variables / fixed tables of the same memory: examples/s", "ctr_stream_ev",
          "ctr_stream", "stream", "tfcluster", ">= 0.9")
-    peaks = {k: _per_run(runs, k, lambda r: sum((r.get("ps_peak") or {}).values()) / 1e6 or None)
+    peaks = {k: _per_run(runs, k, _ps_peak_mb)
              for k in ("ctr_stream_ev", "ctr_stream")}
     add("E1 stream: the ps' peak memory, same (1 = the same memory)", ratio(peaks["ctr_stream_ev"],
                                                                           peaks["ctr_stream"]),

@@ -74,25 +74,25 @@ def write(out, thr, figs, extra, meta, traced) -> str:
     with open(os.path.join(out, "results.md"), "w") as fh:
         fh.write(md)
     try:
-        import matplotlib
-        matplotlib.use("Agg")
+        _draw(out, figs, thr, meta)
     except ImportError:
         print("bench: matplotlib is not installed (pip install -e '.[bench]'); no plots", flush=True)
-        return md
+    return md
+
+
+def _draw(out, figs, thr, meta):
+    """ratios.png and throughput.png in ``out`` (ImportError without matplotlib)."""
+    import matplotlib
+    matplotlib.use("Agg")
     plot_ratios(os.path.join(out, "ratios.png"), figs, meta)
     plot_throughput(os.path.join(out, "throughput.png"), thr, meta)
-    return md
 
 
 def replot(out):
     """The plots of ``out``'s results.json again (a run made where matplotlib was not installed)."""
-    import matplotlib
-    matplotlib.use("Agg")
     with open(os.path.join(out, "results.json")) as fh:
         doc = json.load(fh)
-    thr = {k: v["values"] for k, v in doc["throughput"].items() if v}
-    plot_ratios(os.path.join(out, "ratios.png"), doc["figures"], doc)
-    plot_throughput(os.path.join(out, "throughput.png"), thr, doc)
+    _draw(out, doc["figures"], {k: v["values"] for k, v in doc["throughput"].items() if v}, doc)
 
 
 def write_readme(path, md, out, begin=BEGIN, end=END):
