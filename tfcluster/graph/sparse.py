@@ -29,10 +29,12 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 """
 
 import functools
+import sys
+import weakref
 
 from ..core import patches
 from ..core.errors import SpecError
-from . import inplace_reads, repartition, wire
+from . import crossing, inplace_reads, repartition, wire
 from .placement import parts_of, split_by_tfcluster
 
 
@@ -58,23 +60,180 @@ def distinct_lookup(lookup):
         repartition.record_lookup(params, partition_strategy)     # its rows restore by id into any split
         if not on_ps(params) or isinstance(ids, (tf.SparseTensor, tf.RaggedTensor, tf.compat.v1.SparseTensorValue)):
             return lookup(params, ids, partition_strategy, name, validate_indices, max_norm)
+        if partition_strategy not in ("mod", "div"):
+            return lookup(params, ids, partition_strategy, name, validate_indices, max_norm)   # TF's own error
         with tf.compat.v1.name_scope(name, "embedding_lookup"):
             ids = tf.convert_to_tensor(ids)
-            distinct, position = tf.unique(tf.reshape(ids, [-1]))
-            narrow = wire.rows_wire(parts_of(params))
-            if narrow:  # each part's rows leave its ps in 16 bits (graph/wire.py)
-                from tensorflow.python.ops import embedding_ops
-                rows = wire.unpack(embedding_ops._embedding_lookup_and_transform(
-                    params, distinct, partition_strategy, max_norm=max_norm,
-                    transform_fn=lambda part_rows: wire.pack(part_rows, narrow)[0]), None)
-            else:
-                rows = lookup(params, distinct, partition_strategy, None, validate_indices, max_norm)
+            rows, position = _distinct_rows(parts_of(params), ids, partition_strategy, max_norm)
             gathered = tf.gather(rows, position)
             out = tf.reshape(gathered, tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
             out.set_shape(ids.shape.concatenate(rows.shape[1:]))
             return out
     embedding_lookup.__wrapped__ = lookup
     return embedding_lookup
+
+
+class _Split:
+    """A batch's distinct ids dealt over a table's parts (TF's "mod" or "div" rule), on the reading device.
+
+    ``ids_on(part_index, device)``: that part's ids (rows of the part) as its ps reads them, one crossing per
+    device, shared by every table of the same split looked up with the same ids (a wide and a deep table).
+    """
+
+    def __init__(self, parts, ids, strategy):
+        import tensorflow as tf
+        n = len(parts)
+        distinct, self.position = tf.unique(tf.reshape(ids, [-1]))
+        self.count = tf.size(distinct)
+        if n == 1:
+            self.local, self.order = [distinct], None
+        else:
+            which, local = _deal(parts, distinct, strategy)
+            self.local = tf.dynamic_partition(local, which, n)
+            self.order = tf.dynamic_partition(tf.range(self.count), which, n)
+        self._on = {}
+
+    def ids_on(self, index: int, device: str):
+        """Part ``index``'s ids, read on ``device`` (its ps), marked distinct for the optimizers."""
+        key = (index, device)
+        if key not in self._on:
+            ids = crossing.cross(self.local[index], device)
+            mark_distinct(ids)
+            self._on[key] = ids
+        return self._on[key]
+
+
+def _deal(parts, ids, strategy):
+    """``(part of each id as int32, its row in that part)``: TF's embedding_lookup rule for ``strategy``."""
+    import tensorflow as tf
+    n = len(parts)
+    if strategy == "mod":
+        return tf.cast(ids % n, tf.int32), ids // n
+    sizes = [p.shape[0] for p in parts]
+    if all(s is not None for s in sizes):
+        total = tf.constant(sum(int(s) for s in sizes), ids.dtype)
+    else:
+        total = tf.cast(tf.add_n([tf.shape(p)[0] for p in parts]), ids.dtype)
+    per, extras = total // n, total % n
+    which = tf.maximum(ids // (per + 1), (ids - extras) // per)
+    local = tf.where(which < extras, ids % (per + 1), (ids - extras) % per)
+    return tf.cast(which, tf.int32), local
+
+
+#: The gradient of a part's gather: its rows' gradient as they arrived on its ps, indexed by the ids it read.
+_GATHER_GRADIENT = "TfclusterPartGather"
+
+
+def _part_gather_gradient(op, grad):
+    """TF's gather gradient (``ResourceGather``; ``GatherV2`` of a reference variable), made next to the part:
+    TF's makes its reshapes wherever ``tf.gradients`` is called (a worker, unless gradients are colocated with
+    their ops), so rows that crossed to the ps would cross back and forth again; and its indices are the ids as
+    the lookup marked them distinct."""
+    import tensorflow as tf
+    from tensorflow.python.ops import resource_variable_ops
+    resource = op.type == "ResourceGather"
+    with op.graph.colocate_with(op):
+        shape = resource_variable_ops.variable_shape(op.inputs[0]) if resource else tf.shape(op.inputs[0])
+        if isinstance(grad, tf.IndexedSlices):
+            grad = tf.convert_to_tensor(grad)
+        values = tf.reshape(grad, tf.concat([tf.shape(op.inputs[1])[:1], shape[1:]], 0))
+    return (tf.IndexedSlices(values, op.inputs[1], shape),) + (None,) * (len(op.inputs) - 1)
+
+
+def _register_gather_gradient():
+    import tensorflow as tf
+    try:
+        tf.RegisterGradient(_GATHER_GRADIENT)(_part_gather_gradient)
+    except KeyError:  # registered already (one registry per process)
+        pass
+
+
+#: A graph's splits by the ids they deal and how: ``{graph: {key: _Split}}``.
+_SPLITS = weakref.WeakKeyDictionary()
+
+
+def _split_of(parts, ids, strategy) -> "_Split":
+    """The split of ``ids`` over parts shaped as ``parts`` are, made once per graph and control-flow context."""
+    graph = ids.graph
+    context = graph._get_control_flow_context()     # noqa: SLF001 (tensors do not cross into a while loop)
+    rows = tuple(tuple(p.shape.as_list()[:1]) for p in parts)
+    key = (ids.name, strategy if len(parts) > 1 else "", rows, id(context))
+    splits = _SPLITS.setdefault(graph, {})
+    if key not in splits:
+        splits[key] = _Split(parts, ids, strategy)
+    return splits[key]
+
+
+def _distinct_rows(parts, ids, strategy, max_norm):
+    """``(rows of the batch's distinct ids, each id's position among them)``: each part's rows gathered on its ps
+    from ids that crossed once, and crossing back (in 16 bits where its wire is, graph/wire.py)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import embedding_ops
+    tf1 = tf.compat.v1
+    _register_gather_gradient()
+    split = _split_of(parts, ids, strategy)
+    narrow = wire.rows_wire(parts)
+    graph = ids.graph
+    rows = []
+    for index, part in enumerate(parts):
+        with graph.colocate_with(part), tf1.device(None):
+            part_ids = split.ids_on(index, part.device)
+            with graph.gradient_override_map({"ResourceGather": _GATHER_GRADIENT, "GatherV2": _GATHER_GRADIENT}):
+                part_rows = tf.gather(part, part_ids)
+            if max_norm is not None:
+                part_rows = embedding_ops._clip(part_rows, part_ids, max_norm)   # noqa: SLF001 (TF's rule)
+            if narrow:
+                part_rows = wire.pack(part_rows, narrow)[0]
+        width = part_rows.shape[1:]
+        # The reader knows how many rows come back (the ids it sent) and their width: a pack splits by that.
+        shape = tf.concat([tf.shape(split.local[index])[:1], width.as_list()], 0) \
+            if width.is_fully_defined() else None
+        read = crossing.cross(part_rows, "", shape=shape, gradient=wire.gradient_way(narrow) if narrow else None)
+        rows.append(wire.unpack(read, None) if narrow else read)
+    if split.order is None:
+        return rows[0], split.position
+    stitched = tf.dynamic_stitch(split.order, rows)
+    stitched.set_shape(tf.TensorShape([None]).concatenate(rows[0].shape[1:]))
+    return stitched, split.position
+
+
+#: The ids tensors tfcluster's lookups made distinct, by graph: a sparse update of such ids needs no second
+#: deduplication next to its variable (``{graph: set of tensor names}``).
+_DISTINCT = weakref.WeakKeyDictionary()
+
+
+def mark_distinct(ids):
+    """Note that ``ids`` (a tensor) holds no id twice: a gradient indexed by it needs no summing of duplicates."""
+    _DISTINCT.setdefault(ids.graph, set()).add(ids.name)
+
+
+def is_distinct(indices) -> bool:
+    """True when ``indices`` is a tensor :func:`mark_distinct` noted."""
+    graph = getattr(indices, "graph", None)
+    return graph is not None and getattr(indices, "name", None) in _DISTINCT.get(graph, ())
+
+
+def applying_distinct(apply):
+    """An optimizer's ``_resource_apply_sparse_duplicate_indices`` that skips TF's summing of duplicate ids
+    where tfcluster's lookup made them distinct (a unique and a segment sum on the ps, every step)."""
+    @functools.wraps(apply)
+    def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
+        if is_distinct(indices):
+            return self._resource_apply_sparse(grad, handle, indices, **kwargs)
+        return apply(self, grad, handle, indices, **kwargs)
+    _resource_apply_sparse_duplicate_indices.__wrapped__ = apply
+    return _resource_apply_sparse_duplicate_indices
+
+
+def applying_distinct_ref(apply):
+    """The same for reference variables' ``_apply_sparse_duplicate_indices``."""
+    @functools.wraps(apply)
+    def _apply_sparse_duplicate_indices(self, grad, var):
+        if is_distinct(grad.indices):
+            return self._apply_sparse(grad, var)
+        return apply(self, grad, var)
+    _apply_sparse_duplicate_indices.__wrapped__ = apply
+    return _apply_sparse_duplicate_indices
 
 
 def original_lookup():
@@ -116,6 +275,21 @@ patches.register(patches.Patch(
     # embedding_lookup_v2 (tf.nn, tf-keras's Embedding) calls the module's name; tf.compat.v1.nn holds its own.
     also=("tensorflow.compat.v1:nn.embedding_lookup",)))
 
+patches.register(patches.Patch(
+    "sparse.distinct_updates", "tensorflow.python.training.optimizer:Optimizer._resource_apply_sparse_duplicate_indices",
+    "a sparse update of ids tfcluster's lookup made distinct skips TF's second deduplication (a unique and a segment "
+    "sum next to the variable, every step)", applying_distinct, "fit's ps strategies, the Estimator, TF1 mode",
+    params=("self", "grad", "handle", "indices")))
+patches.register(patches.Patch(
+    "sparse.distinct_updates_ref", "tensorflow.python.training.optimizer:Optimizer._apply_sparse_duplicate_indices",
+    "the same for reference variables (TF 1.x programs)", applying_distinct_ref,
+    "fit's ps strategies, the Estimator, TF1 mode", params=("self", "grad", "var")))
+patches.register(patches.Patch(
+    "sparse.distinct_updates_keras",
+    "tf_keras.src.optimizers.legacy.optimizer_v2:OptimizerV2._resource_apply_sparse_duplicate_indices",
+    "the same for tf-keras's graph-mode optimizers", applying_distinct, "fit's ps strategies, the Estimator, TF1 mode",
+    params=("self", "grad", "handle", "indices"), optional=True))
+
 
 def install():
     """Make ``embedding_lookup`` read each distinct id once from tables on a ps, partitioners that ask for more
@@ -125,3 +299,8 @@ def install():
     repartition.install()
     inplace_reads.install()
     patches.install("sparse.distinct_lookup")
+    patches.install("sparse.distinct_updates")
+    patches.install("sparse.distinct_updates_ref")
+    if "tf_keras" in sys.modules:   # its optimizers, where the program uses tf-keras (never imported for it)
+        patches.install("sparse.distinct_updates_keras")
+    crossing.install()

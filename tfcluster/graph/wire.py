@@ -48,6 +48,7 @@ import logging
 import os
 
 from ..core import environment
+from . import crossing
 from ..core.errors import SpecError
 
 log = logging.getLogger("tfcluster")
@@ -122,6 +123,28 @@ def unpack(packed, scale):
         return y if scale is None else y / scale
 
 
+#: A variable bigger than this is read whole by itself, outside the step's packs: a table (its lookups read rows),
+#: or a weight so big that one transfer's overhead is nothing beside its bytes.
+ALONE_BYTES = 4 << 20
+
+
+def _nbytes(v) -> int:
+    shape = v.shape
+    return shape.num_elements() * v.dtype.base_dtype.size if shape.is_fully_defined() else ALONE_BYTES + 1
+
+
+def gradient_way(wire: str):
+    """``(narrow, widen)``: how a gradient of what crossed in ``wire`` crosses back (graph/crossing.py): cast
+    (and, in float16, scaled) where it was made, float32 again where it arrives."""
+    def narrow(grad):
+        packed, scale = pack(grad, wire)
+        return [packed] + ([] if scale is None else [scale])
+
+    def widen(received):
+        return unpack(received[0], received[1] if len(received) > 1 else None)
+    return narrow, widen
+
+
 def _task_of(device: str):
     import tensorflow as tf
     spec = tf.DeviceSpec.from_string(device or "")
@@ -162,25 +185,34 @@ class Wire:
     def _read_through_wire(self, v):
         import tensorflow as tf
         tf1 = tf.compat.v1
-        if not self.on or not v.trainable or _task_of(v.device) == _task_of(self.receiver) \
-                or _task_of(v.device)[0] is None:
+        if not v.trainable or _task_of(v.device) == _task_of(self.receiver) or _task_of(v.device)[0] is None:
             return
         name = v.op.name
-        if v.dtype.base_dtype != tf.float32:
-            self.skipped.append((name, f"{v.dtype.base_dtype.name}, not float32"))
-            return
         element = getattr(v, "_graph_element", None)
         if not hasattr(v, "_cached_value") or element is None:
-            self.skipped.append((name, "a reference variable (use_resource=False)"))
+            if self.on:
+                self.skipped.append((name, "a reference variable (use_resource=False)"))
             return
         graph = tf1.get_default_graph()
+        narrow = self.on and v.dtype.base_dtype == tf.float32
+        if self.on and not narrow:
+            self.skipped.append((name, f"{v.dtype.base_dtype.name}, not float32"))
         # The sender's cast sits next to the variable; the colocation and device stacks of the
         # caller (a tower, the strategy's setter) must not move it (as TF's own caching_device does).
+        # Every weight's read is one crossing to the worker (graph/crossing.py: a step's reads travel packed).
+        # A big variable's whole read (a table's, which lookups read by rows) travels alone, never in a pack.
+        table = _nbytes(v) > ALONE_BYTES
         with graph.colocate_with(None, ignore_existing=True), tf1.name_scope(f"{name}/wire/"):
+            if not narrow:
+                if not table:
+                    v._cached_value = crossing.cross(element, self.receiver)
+                return
             with tf1.device(v.device):
                 packed, scale = pack(element, self.dtype)
             with tf1.device(self.receiver):
-                v._cached_value = unpack(packed, scale)
+                read = packed if table else crossing.cross(packed, self.receiver, gradient=gradient_way(self.dtype))
+                v._cached_value = unpack(read, None if scale is None or table else crossing.cross(scale,
+                                                                                                  self.receiver))
         v._tfcluster_wire = self.dtype
         self.wired.append(v)
 
@@ -194,10 +226,11 @@ class Wire:
         graph = tf1.get_default_graph()
         out = []
         for g, v in grads_and_vars:
-            if g is None or id(v) not in wired:
+            values = g.values if isinstance(g, tf.IndexedSlices) else g
+            # A gradient made next to its variable crossed already (a lookup's rows, graph/crossing.py).
+            if g is None or id(v) not in wired or _task_of(values.device) == _task_of(v.device):
                 out.append((g, v))
                 continue
-            values = g.values if isinstance(g, tf.IndexedSlices) else g
             with tf1.name_scope(f"{v.op.name}/wire_gradient/"):
                 with tf1.device(self.receiver):
                     packed, scale = pack(values, self.dtype)

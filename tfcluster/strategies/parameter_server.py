@@ -131,8 +131,8 @@ class ParameterServerStrategy(Strategy):
         self.wire = Wire(self.wire.dtype, receiver=self.worker_device + "/device:CPU:0")
         with contextlib.ExitStack() as stack:
             stack.enter_context(tf1.device(self.setter))
-            if self.wire.on:
-                stack.enter_context(tf1.variable_creator_scope(self.wire.creator()))
+            # Each weight's read crosses to this worker (packed per ps, graph/crossing.py), in 16 bits on a wire.
+            stack.enter_context(tf1.variable_creator_scope(self.wire.creator()))
             stack.enter_context(spread_over_ps(self.cluster, self.partition_min_bytes, self.max_shard_bytes))
             yield
 

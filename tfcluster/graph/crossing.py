@@ -1,0 +1,318 @@
+"""Tensors that cross between two devices in a step travel together: one transfer for them all, not one each.
+
+TF's runtime moves every tensor one task reads from another as a ``RecvTensor``
+call of its own, and on a busy machine each call costs far more than its bytes
+(gRPC's calls, threads handing work to each other): the bench's click-through
+step moved 15 tensors each way between a worker and the ps, the rows of each
+table part, the ids each part was asked for, every dense weight and every
+gradient (docs/embeddings.md, C9).
+
+:func:`cross` marks the point where a tensor made on one device is read on
+another: an ``Identity`` on the reading device, whose gradient crosses back the
+same way. Until :func:`pack` runs it is just that, a transfer of its own.
+:func:`pack` then puts the crossings of a graph that can travel together into
+one tensor: flattened and concatenated on the sending device, split and
+reshaped on the receiving one, each crossing's ``Identity`` reading its piece.
+Gradients pass through concatenation and split, so a packed step's gradients
+travel packed too. It runs by itself before a graph's first step
+(``BaseSession._extend_graph``) and before ``Graph.finalize`` (the patches
+``crossing.pack_before_run`` and ``crossing.pack_before_finalize``,
+docs/patches.md), so every front end gets it: fit, the Estimator, Keras, and
+the sessions of a TF1 program.
+
+Crossings travel together when nothing can tell: the same sending and
+receiving device and dtype, the same *level* (how many crossings lie before
+them on any path: the ids a step sends the ps are level 0, the rows that come
+back 1, their gradients 2, so no pack waits for its own result), and the same
+*sources*, the placeholders and stateful ops (an iterator's ``get_next``, a
+random op, a queue) they depend on, so that a step that needs one of them runs
+nothing the others would have made it run: a weight's read is never packed with
+rows, which read the input. Variable reads are not sources. Crossings inside a
+``while`` or ``cond`` travel as they are.
+
+TensorFlow is imported lazily, so importing this module stays cheap.
+"""
+
+import contextlib
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+#: The gradient of a crossing: the incoming gradient crossing back to where the tensor was made.
+_GRADIENT = "TfclusterCrossing"
+
+#: Stateful ops that are no source: reading (or naming) a variable changes nothing.
+_NOT_SOURCES = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "Variable", "VarIsInitializedOp",
+                          "ResourceGather", "ResourceGatherNd", "LookupTableFindV2", "LookupTableSizeV2",
+                          "HashTableV2", "MutableHashTableV2", "MutableDenseHashTable",
+                          "MutableHashTableOfTensorsV2", "Const"})
+_PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
+#: What packs: fixed-size numbers (strings, resources and variants cannot be concatenated into one buffer).
+_PACKABLE = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+             "uint16", "uint32", "uint64")
+#: What can carry its pieces' sizes in front of them (a pack of other types needs every size known at its end).
+_SIZED = ("int32", "int64")
+
+
+@dataclass(eq=False)
+class Crossing:
+    """One tensor read on another device: ``read`` (the Identity there) reads ``sent`` from where it was made."""
+
+    sent: object                    #: the tensor, on its own device
+    read: object                    #: the Identity on the reading device
+    shape: object = None            #: its shape as the reader can compute it, where not fully known statically
+    gradient: object = None         #: ``(narrow, widen)`` of its gradient's way back, or None: as it is
+    packed: bool = False
+
+
+@dataclass
+class _State:
+    crossings: list = field(default_factory=list)
+    by_op: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    packs: int = 0
+
+
+_STATES = weakref.WeakKeyDictionary()
+_STATES_LOCK = threading.Lock()
+
+
+def _state(graph) -> _State:
+    with _STATES_LOCK:
+        state = _STATES.get(graph)
+        if state is None:
+            state = _STATES[graph] = _State()
+        return state
+
+
+def crossings(graph) -> list:
+    """The graph's crossings (packed or not), in the order they were made."""
+    return list(_state(graph).crossings)
+
+
+def _tf():
+    import tensorflow as tf
+    return tf
+
+
+def _register_gradient():
+    tf = _tf()
+    try:
+        tf.RegisterGradient(_GRADIENT)(_crossing_gradient)
+    except KeyError:  # registered already (one registry per process)
+        pass
+
+
+def cross(tensor, device: str, shape=None, gradient=None):
+    """``tensor`` as read on ``device`` (a device name; "" for the current device scope), through one crossing.
+
+    ``shape``: the tensor's shape as a tensor computed on the reading side, where the static shape is not fully
+    known (a pack splits its pieces by it); without one, only integer tensors of unknown size pack (they carry
+    their sizes). Where ``tensor`` already lives on ``device``'s task and device, it is returned as it is.
+    """
+    tf = _tf()
+    tf1 = tf.compat.v1
+    graph = tensor.graph
+    _register_gradient()
+    with graph.colocate_with(None, ignore_existing=True), \
+            (tf1.device(device) if device else contextlib.nullcontext()), \
+            graph.gradient_override_map({"Identity": _GRADIENT}):
+        read = tf.identity(tensor, name="crossing")
+    if _same_device(tensor.op.device, read.op.device):
+        return read
+    state = _state(graph)
+    c = Crossing(tensor, read, shape, gradient)
+    with state.lock:
+        state.crossings.append(c)
+        state.by_op[read.op.name] = c
+    return read
+
+
+def _same_device(a: str, b: str) -> bool:
+    if not a or not b:
+        return a == b
+    tf = _tf()
+    return tf.DeviceSpec.from_string(a) == tf.DeviceSpec.from_string(b)
+
+
+def _crossing_gradient(op, grad):
+    """A crossing's gradient crosses back to where its tensor was made: dense (it was dense there), narrowed
+    and widened again by the crossing's ``gradient`` pair where it has one (a 16-bit wire)."""
+    tf = _tf()
+    tf1 = tf.compat.v1
+    c = _state(op.graph).by_op.get(op.name)
+    if c is None or grad is None:       # a graph imported from elsewhere: a plain Identity
+        return grad
+    graph = op.graph
+    with graph.colocate_with(op):
+        if isinstance(grad, tf.IndexedSlices):
+            grad = tf.convert_to_tensor(grad)   # summed where it was made, before it travels
+        narrowed, widen = (c.gradient[0](grad), c.gradient[1]) if c.gradient else ([grad], None)
+    shape = None
+    if not c.sent.shape.is_fully_defined():
+        with graph.colocate_with(c.sent.op):
+            shape = tf.shape(c.sent)
+    back = [cross(t, c.sent.op.device, shape=shape if t.shape.rank else None) for t in narrowed]
+    if widen is None:
+        return back[0]
+    with graph.colocate_with(None, ignore_existing=True), tf1.device(c.sent.op.device):
+        return widen(back)
+
+
+# ---------------------------------------------------------------- packing
+def _in_control_flow(op) -> bool:
+    return op._get_control_flow_context() is not None  # noqa: SLF001 (TF's only way to ask)
+
+
+def _packable(c: Crossing) -> bool:
+    dtype = c.sent.dtype
+    if dtype != dtype.base_dtype or dtype.name not in _PACKABLE:
+        return False
+    if _in_control_flow(c.sent.op) or _in_control_flow(c.read.op):
+        return False
+    if c.sent.shape.is_fully_defined() or c.shape is not None:
+        return True
+    # Its size travels in front of the pack: the reader reshapes by the static trailing dims.
+    return dtype.name in _SIZED and c.sent.shape.rank is not None and c.sent.shape[1:].is_fully_defined()
+
+
+class _Walk:
+    """Each op's level (crossings before it on any path) and sources, memoised over a graph."""
+
+    def __init__(self, by_op):
+        self.by_op = by_op
+        self.memo = {}
+
+    def of(self, op):
+        """``(level, sources)`` of what ``op`` outputs: crossings count one more where they are."""
+        stack = [(op, False)]
+        while stack:
+            node, ready = stack.pop()
+            if node.name in self.memo:
+                continue
+            inputs = [t.op for t in node.inputs] + list(node.control_inputs)
+            if not ready:
+                stack.append((node, True))
+                stack.extend((i, False) for i in inputs if i.name not in self.memo)
+                continue
+            level, sources = 0, set()
+            for i in inputs:
+                lv, src = self.memo[i.name]
+                level, sources = max(level, lv), sources | src
+            if node.type in _PLACEHOLDERS or (node.op_def is not None and node.op_def.is_stateful
+                                              and node.type not in _NOT_SOURCES):
+                sources.add(node.name)
+            if node.name in self.by_op:
+                level += 1
+            self.memo[node.name] = (level, frozenset(sources))
+        return self.memo[op.name]
+
+
+def pack(graph) -> int:
+    """Pack the graph's crossings that have not been packed (see the module doc); returns how many now travel
+    in packs. Idempotent; a finalized graph is left as it is."""
+    state = _state(graph)
+    with state.lock:
+        pending = [c for c in state.crossings if not c.packed]
+        if not pending or graph.finalized:
+            return 0
+        for c in pending:
+            c.packed = True
+        walk = _Walk(state.by_op)
+        groups = {}
+        for c in pending:
+            if not _packable(c):
+                continue
+            level, sources = walk.of(c.sent.op)
+            key = (_device(c.sent.op.device), _device(c.read.op.device), c.sent.dtype, level, sources)
+            groups.setdefault(key, []).append(c)
+        packed = 0
+        for (src, dst, _, _, _), members in groups.items():
+            if len(members) > 1:
+                _pack(graph, src, dst, members, state.packs)
+                state.packs += 1
+                packed += len(members)
+        return packed
+
+
+def _device(name: str) -> str:
+    return _tf().DeviceSpec.from_string(name or "").to_string()
+
+
+def _pack(graph, src: str, dst: str, members: list, number: int):
+    """One tensor from ``src`` to ``dst`` carrying ``members``; each member's reader reads its piece."""
+    tf = _tf()
+    tf1 = tf.compat.v1
+    dtype = members[0].sent.dtype
+    sized = [c for c in members if not c.sent.shape.is_fully_defined() and c.shape is None]
+    with graph.colocate_with(None, ignore_existing=True), tf1.name_scope(f"tfcluster_pack_{number}/"):
+        with tf1.device(src):
+            flat = [tf.reshape(c.sent, [-1]) for c in members]
+            head = [tf.stack([tf.size(f, out_type=dtype) for c, f in zip(members, flat) if c in sized])] \
+                if sized else []
+            sent = tf.concat(head + flat, 0, name="sent")
+        with tf1.device(dst):
+            received = tf.identity(sent, name="received")
+            sizes, trailing = _sizes(received, members, sized)
+            body = received[len(sized):] if sized else received
+            for c, piece, shape in zip(members, tf.split(body, sizes), trailing):
+                c.read.op._update_input(0, tf.reshape(piece, shape))  # noqa: SLF001 (see the module doc)
+
+
+def _sizes(received, members, sized):
+    """``(sizes, shapes)`` the reader splits and reshapes ``received`` by: static where known, else the reader's
+    shape tensor, else the size carried in front of the pack."""
+    tf = _tf()
+    sizes, shapes = [], []
+    carried = {id(c): i for i, c in enumerate(sized)}
+    for c in members:
+        static = c.sent.shape
+        if static.is_fully_defined():
+            sizes.append(tf.constant(static.num_elements(), tf.int64))
+            shapes.append(static.as_list())
+        elif c.shape is not None:
+            sizes.append(tf.reduce_prod(tf.cast(c.shape, tf.int64)))
+            shapes.append(c.shape)
+        else:
+            sizes.append(tf.cast(received[carried[id(c)]], tf.int64))
+            shapes.append([-1] + static[1:].as_list())
+    return tf.stack(sizes), shapes
+
+
+def pending(graph) -> int:
+    """How many of the graph's crossings are not packed yet."""
+    return sum(1 for c in _state(graph).crossings if not c.packed)
+
+
+def _packing_first(method):
+    def wrapped(self, *args, **kwargs):
+        graph = getattr(self, "_graph", None) if method.__name__ == "_extend_graph" else self
+        if graph is not None and not graph.finalized and pending(graph):
+            pack(graph)
+        return method(self, *args, **kwargs)
+    wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = method.__name__, method.__doc__, method
+    return wrapped
+
+
+def install():
+    """Pack every graph's crossings before its first step and before it is finalized (idempotent, per process)."""
+    from ..core import patches
+    patches.install("crossing.pack_before_run")
+    patches.install("crossing.pack_before_finalize")
+
+
+def _register_patches():
+    from ..core import patches
+    patches.register(patches.Patch(
+        "crossing.pack_before_run", "tensorflow.python.client.session:BaseSession._extend_graph",
+        "a graph's crossings between devices are packed (one transfer per pair of devices and step) before a "
+        "session first sends it to TF's runtime", _packing_first, "fit's ps strategies, the Estimator, TF1 mode",
+        params=("self",)))
+    patches.register(patches.Patch(
+        "crossing.pack_before_finalize", "tensorflow.python.framework.ops:Graph.finalize",
+        "crossings are packed before a graph is finalized (MonitoredTrainingSession and the Supervisor "
+        "finalize it before their first session)", _packing_first, "fit's ps strategies, the Estimator, TF1 mode",
+        params=("self",)))
+
+
+_register_patches()
