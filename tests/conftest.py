@@ -23,6 +23,11 @@ from tfcluster.topology.ports import pick_free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+#: The suite compares distributed training with one process to 1e-5: its tasks and this process do float32 math
+#: (bfloat16 math, on by default where the CPU has it, rounds matrix products to 3 digits). The tests of bfloat16
+#: math ask for it themselves (tests/test_precision.py).
+os.environ["TFCLUSTER_MATH"] = "float32"
+
 
 def base_env(**extra):
     """The environment a test's child process gets: quiet TF, tfcluster importable."""

@@ -125,6 +125,11 @@ def add_run_args(p):
                    help=f"the type weights and gradients travel in between ps and workers (or in all-reduce) "
                         f"when the script's strategy names none ({WIRE_ENV}): {', '.join(WIRES)}; the ps keeps "
                         "float32")
+    from ..graph.precision import MATH_ENV, MATHS
+    p.add_argument("--math", choices=MATHS, metavar="TYPE",
+                   help=f"the math of the trainers' matrix products ({MATH_ENV}): auto (the default: bfloat16 where "
+                        "the CPU has AVX512-BF16 or AMX, float32 elsewhere), bfloat16 or float32; variables and "
+                        "optimizer state stay float32")
     p.add_argument("--verbose", action="store_true", help="show TensorFlow's C++ logs (and debug lines)")
 
 
@@ -167,12 +172,15 @@ def task_command(args) -> list:
 
 
 def extra_environment(args) -> dict:
-    """Variables every task's command gets from this command's options (the strategy, its wire)."""
+    """Variables every task's command gets from this command's options (the strategy, its wire, the math)."""
     from ..graph.wire import WIRE_ENV
     from ..strategies import STRATEGY_ENV
     env = {STRATEGY_ENV: args.strategy} if getattr(args, "strategy", None) else {}
     if getattr(args, "wire", None):
         env[WIRE_ENV] = args.wire
+    if getattr(args, "math", None):
+        from ..graph.precision import MATH_ENV
+        env[MATH_ENV] = args.math
     return env
 
 

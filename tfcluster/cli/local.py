@@ -84,7 +84,7 @@ USAGE = """\
 tfcluster local [--ps N] [--workers M] [--chief] [--evaluator] [--legacy-flags[=STYLE]]
                        [--log-dir DIR] [--timeout S] [--max-restarts K] [--evaluator-grace S]
                        [--host H] [--cluster FILE | --ports P,...] [--join-grace S] [--stop-grace S] [--tf1 [--no-fork] | --tf2]
-                       [--strategy NAME] [--wire TYPE] [--gpus-per-worker N] [--threads-per-task N]
+                       [--strategy NAME] [--wire TYPE] [--math TYPE] [--gpus-per-worker N] [--threads-per-task N]
                        [--ps-memory SIZE] [--timestamps] [--run-id ID] [--no-isolate | --require-isolation]
                        [--verbose]
                        [--] COMMAND [ARGS ...]"""

@@ -6,7 +6,7 @@ Two kinds, as torchrun keeps its ``PET_*`` variables beside its flags:
   reads the environment (:data:`OPTION_PREFIX`; ``tfcluster local``), for
   wrapper scripts under Slurm or Kubernetes. Two of them are also handed on
   to every task's command, which reads them as its default: ``--strategy``
-  (:data:`STRATEGY`) and ``--wire`` (:data:`WIRE`).
+  (:data:`STRATEGY`), ``--wire`` (:data:`WIRE`) and ``--math`` (:data:`MATH`).
 - **the rest**: set by tfcluster for the processes it starts, or by you to
   change one behaviour; each is a :class:`Variable` below.
 
@@ -42,6 +42,9 @@ STRATEGY = Variable("TFCLUSTER_STRATEGY", "--strategy of local and start (or you
                     "the strategy fit and Keras use when the script names none")
 WIRE = Variable("TFCLUSTER_WIRE", "--wire of local and start (or you)",
                 "the type weights and gradients travel in when the strategy names none")
+MATH = Variable("TFCLUSTER_MATH", "--math of local and start (or you)",
+                "auto (the default: bfloat16 math where the CPU has AVX512-BF16 or AMX), bfloat16 or float32: the "
+                "math of a trainer's matrix products")
 RUN_ID = Variable("TFCLUSTER_RUN_ID", "tfcluster local (one per launch, kept across restarts), or you",
                   "which run a task belongs to (else Slurm's job id): a Keras fit's default checkpoint dir is "
                   "the run's, so a restarted task resumes it and another run starts afresh")
@@ -70,7 +73,7 @@ START_OVER = Variable("TFCLUSTER_START_OVER", "you",
                       "and trains from step 0 (without it, it stops in one line)")
 
 #: Every variable of the table.
-VARIABLES = (STRATEGY, WIRE, RUN_ID, RESTART_COUNT, PS_STATE_RECORD, DONE_RECORD, TF_CHECKED, DEBUG,
+VARIABLES = (STRATEGY, WIRE, MATH, RUN_ID, RESTART_COUNT, PS_STATE_RECORD, DONE_RECORD, TF_CHECKED, DEBUG,
              SYNC_STALL_SECS, SYNC_TIMEOUT_SECS, TF1_READY_POLL_SECS, TF1_STOP_GRACE_SECS, START_OVER)
 
 

@@ -217,6 +217,8 @@ def install(ready_poll_secs=None, retry_duplicates: bool = True):
         _quiet_deprecations(deprecation)
     slim.restore_moved_names()
     install_distinct_lookups()      # replica_device_setter's tables: each distinct row read once (graph/sparse.py)
+    from . import robust
+    robust.math_in_sessions()       # bfloat16 math where the CPU has it, in the program's sessions (graph/precision.py)
     modules = _examples_package()
     modules.update(horovod_modules())       # horovod.tensorflow: tfcluster's (tfcluster/horovod)
     for name in _MNIST_NAMES[1:]:

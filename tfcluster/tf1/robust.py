@@ -57,6 +57,7 @@ import logging
 from ..core import patches
 from ..core.duplicates import last_failure
 from ..core.tferrors import describe
+from ..graph import precision
 from ..runtime.server import local_session_default
 
 log = logging.getLogger("tfcluster")
@@ -266,6 +267,14 @@ def iterators_without_autotune_thread():
 #: The servers a TF1 script made, ``(cluster, job, task)``: its task where TF_CONFIG gives none.
 _servers = []
 _warned, _reported = [], []
+#: Whether the program's sessions get bfloat16 math where the CPU has it (TF1 mode; not its session fixes alone).
+_math = []
+
+
+def math_in_sessions():
+    """The program's sessions do their matrix work in bfloat16 where the CPU has it (graph/precision.py)."""
+    if not _math:
+        _math.append(True)
 
 
 def _noting_servers(original):
@@ -290,6 +299,8 @@ def _cluster_session(original):
                 _warn_if_private(graph, cluster, _warned)
             if target_text and cluster.is_chief and cluster.num_tasks("ps") and not _reported:
                 _report_placement(graph, cluster, _reported)
+        if _math:
+            config = precision.configure(_copy(config))
         original(self, target, graph, config)
     return __init__
 
@@ -362,6 +373,15 @@ def _under(config, base):
         out.MergeFrom(config)
         if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
             out.gpu_options.visible_device_list = base.gpu_options.visible_device_list
+    return out
+
+
+def _copy(config):
+    """A ConfigProto of the program's own (or a new one), to change without changing the program's."""
+    import tensorflow as tf
+    out = tf.compat.v1.ConfigProto()
+    if config is not None:
+        out.CopyFrom(config)
     return out
 
 

@@ -28,6 +28,7 @@ from typing import Callable, Optional
 
 from ..core import environment
 from ..core.errors import TfclusterError
+from ..graph import precision
 from ..runtime.checkpoints import prepare_checkpoint_dir
 from ..runtime.server import task_server, wait_for_cluster
 from ..runtime.shutdown import serve_as_ps
@@ -127,7 +128,12 @@ class RunAssembly:
                               save_secs=secs, name=self.name)]
 
     def session(self, train_graph, *, config, saver=None, extra_local_init=(), **scaffold) -> TrainingSession:
-        """The run's TrainingSession; ``scaffold``: TF's ``init_fn`` and ``init_feed_dict``."""
+        """The run's TrainingSession, its config with bfloat16 math where the CPU has it (graph/precision.py);
+        ``scaffold``: TF's ``init_fn`` and ``init_feed_dict``."""
+        if config is None:
+            import tensorflow as tf
+            config = tf.compat.v1.ConfigProto()
+        config = precision.configure(config)
         return TrainingSession(
             train_graph, target=self.target, config=config, is_chief=self.should_init, saver=saver,
             checkpoint_dir=self.checkpoint_dir if self.is_chief else None, extra_local_init=extra_local_init,
