@@ -23,6 +23,7 @@ import functools
 import weakref
 
 from ..core.errors import SpecError
+from ..graph import crossing
 from .options import EmbeddingVariableOption
 
 #: Per graph, its embedding variables and every lookup a training update may follow, ``(variable, part, ids,
@@ -115,10 +116,14 @@ class EmbeddingVariable:
             counts = tf.dynamic_partition(tf.cast(counts, tf.int64), which, n)
             positions = tf.dynamic_partition(tf.range(tf.size(unique)), which, n)
             rows = []
-            for part, k, c in zip(self.parts, keys, counts):
+            for part, sent, c in zip(self.parts, keys, counts):
+                # Ids and counts cross to the part's ps and its rows back, each packed with the step's other
+                # crossings there (graph/crossing.py); its update reads the ids and counts where they arrived.
                 with tf.device(part.device):
+                    k = crossing.cross(sent, part.device)
+                    c = crossing.cross(c, part.device) if self.trainable else c
                     r = part.read(k)
-                rows.append(r)
+                rows.append(crossing.cross(r, "", shape=tf.stack([tf.size(sent), self.dim]), kind="rows"))
                 if self.trainable:
                     of_graph(self.graph)["lookups"].append((self, part, k, c, r))
             found = tf.dynamic_stitch(positions, rows)
