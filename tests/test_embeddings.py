@@ -9,6 +9,7 @@ click-through workload (scripts/bench/ctr.py --trace), so the test and the bench
 import json
 import os
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -259,13 +260,21 @@ def test_a_step_moves_the_rows_its_batch_touches_and_the_dense_weights_not_the_t
         reliability(f"{task} {mode} {wire}: bytes sent to the ps / (touched rows + dense)", round(sent, 3))
         if mode == "async":
             # Each ps applies one sparse update per table part it holds (of the deep table, and of the wide one
-            # where it is), read from the same traced steps; batching the tables is what would make it one.
+            # where it is), read from the same traced steps: the parts are variables of their own (the deep and
+            # the wide table differ in width), their updates arrive in one tensor (below).
             for ps, ops in t["ps_ops"].items():
                 updates = sum(n for kind, n in ops.items() if kind.startswith("ResourceSparseApply"))
                 held = t["parts"].get("/job:ps/task:" + ps.split(":")[1], [])
                 assert updates == len(held) >= 1, (task, ps, ops, t["parts"])
+            # One request each way per ps for the lookups: the ids of every table part on it go in one tensor and
+            # their gradients with the weights' in one; the rows come back in one, the weights in one, and the ps
+            # holding the global step sends its value (graph/crossing.py). The rest are TF's empty control tensors.
+            for ps, (_, _, to_ps, from_ps) in t["requests"].items():
+                assert to_ps <= 2 and from_ps <= 3, (task, ps, t["requests"], t["largest_to_ps"])
             reliability(f"{task} {mode} {wire}: tensors sent to / received from the ps per step",
                         f"{t['tensors_to_ps']:.0f} / {t['tensors_from_ps']:.0f}")
+            reliability(f"{task} {mode} {wire}: of them carrying bytes, per ps",
+                        ", ".join(f"{ps} {r[2]:.0f} / {r[3]:.0f}" for ps, r in sorted(t["requests"].items())))
 
 
 @pytest.mark.slow
@@ -278,6 +287,50 @@ def test_the_fit_example_trains_wide_and_deep_on_two_ps_and_prints_its_auc(tmp_p
     auc = float(re.search(r"click-through at step (\d+): auc ([\d.]+)", out).group(2))
     assert auc > 0.75, out[-2000:]          # the hidden rule's own AUC is 0.93; a constant guess is 0.5
     reliability("click_through_fit.py, 400 async steps: AUC", auc)
+
+
+def _example_alone(tmp_path, *args):
+    """examples/click_through_fit.py in one process: TF's own lookups and reads, nothing packed or staged."""
+    r = subprocess.run([sys.executable, EXAMPLE, *args], capture_output=True, text=True, timeout=200, env=base_env(),
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout + r.stderr
+
+
+def _variables(checkpoint_dir):
+    """``{name: shape}`` of the newest checkpoint in ``checkpoint_dir``."""
+    import tensorflow as tf
+    return dict(tf.train.list_variables(tf.train.latest_checkpoint(str(checkpoint_dir))))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_checkpoints_of_plain_lookups_and_of_packed_prefetched_steps_restore_into_each_other(tmp_path):
+    # One process looks its tables up with TF's own code; the cluster's steps pack their crossings, stage their
+    # lookups a step ahead and do bfloat16 math. Each restores what the other saved, variable for variable. The
+    # table (26 x 6,000 rows of 16 floats, 10 MB) is split over both ps.
+    ckpt = tmp_path / "ckpt"
+    args = ["--examples", "20000", "--buckets", "6000", "--checkpoint-dir", str(ckpt), "--data-dir",
+            str(tmp_path / "data")]
+    first = _example_alone(tmp_path, "--steps", "40", *args)
+    saved = [_variables(ckpt)]
+    code, out = run_local(tmp_path, "--ps", "2", "--workers", "2", "--math", "auto", "--timeout", "200", "--",
+                          sys.executable, EXAMPLE, "--mode", "async", "--steps", "80", *args, timeout=260,
+                          env=base_env(TFCLUSTER_MATH="auto"))
+    assert code == 0, out[-4000:]
+    saved.append(_variables(ckpt))
+    last = _example_alone(tmp_path, "--steps", "120", *args)
+    saved.append(_variables(ckpt))
+    # Each run went on from the one before: 40 more global steps each (async: 80 takes a step or so more).
+    for text, done in ((out, 80), (last, 120)):
+        steps = sum(int(n) for n in re.findall(r"(?:worker:\d|local): (\d+) steps", text))
+        assert 35 <= steps <= 45, text[-3000:]
+        assert done <= int(re.search(r"click-through at step (\d+)", text).group(1)) <= done + 3, text[-3000:]
+    assert saved[0] == saved[1] == saved[2]                 # every name and shape, the optimizer's slots too
+    assert saved[0]["embeddings"] == [26 * 6000, 16] and "embeddings/Adagrad" in saved[0]
+    for text in (first, out, last):
+        auc = float(re.search(r"click-through at step \d+: auc ([\d.]+)", text).group(1))
+        assert auc > 0.7, text[-2000:]
 
 
 @pytest.mark.slow

@@ -133,7 +133,11 @@ if result is not None:
                      worker_received=t.received_by(result.task), ps_received=t.received_by("ps"),
                      by_task=t.by_task(), parts=measure.parts, largest_to_ps=t.largest(3, "ps"),
                      ps_ops={task: t.ops_on(task) for task in sorted(t.by_task()) if task.startswith("ps:")},
-                     tensors_to_ps=t.tensors(result.task, "ps"), tensors_from_ps=t.tensors("ps", result.task))
+                     tensors_to_ps=t.tensors(result.task, "ps"), tensors_from_ps=t.tensors("ps", result.task),
+                     # Per ps: tensors this worker sent it and received from it, all and those carrying bytes.
+                     requests={ps: [t.tensors(result.task, ps), t.tensors(ps, result.task),
+                                    t.tensors(result.task, ps, carrying=True), t.tensors(ps, result.task, carrying=True)]
+                               for ps in sorted(t.by_task()) if ps.startswith("ps:")})
         print("TRAFFIC " + json.dumps(dict(task=result.task, **extra)), flush=True)
     report(dict(peer=f"tfcluster_{a.mode}", task=result.task, examples_per_sec=result.examples_per_sec,
                 steps=result.local_steps, first_step_at=result.first_step_at, last_step_at=result.last_step_at,

@@ -45,6 +45,9 @@ WIRE = Variable("TFCLUSTER_WIRE", "--wire of local and start (or you)",
 MATH = Variable("TFCLUSTER_MATH", "--math of local and start (or you)",
                 "auto (the default: bfloat16 math where the CPU has AVX512-BF16 or AMX), bfloat16 or float32: the "
                 "math of a trainer's matrix products")
+PREFETCH = Variable("TFCLUSTER_PREFETCH", "you",
+                    "0: an asynchronous ps step looks up its own batch's rows (the default, 1: it fetches the next "
+                    "batch's rows while it trains on this one)")
 RUN_ID = Variable("TFCLUSTER_RUN_ID", "tfcluster local (one per launch, kept across restarts), or you",
                   "which run a task belongs to (else Slurm's job id): a Keras fit's default checkpoint dir is "
                   "the run's, so a restarted task resumes it and another run starts afresh")
@@ -73,7 +76,7 @@ START_OVER = Variable("TFCLUSTER_START_OVER", "you",
                       "and trains from step 0 (without it, it stops in one line)")
 
 #: Every variable of the table.
-VARIABLES = (STRATEGY, WIRE, MATH, RUN_ID, RESTART_COUNT, PS_STATE_RECORD, DONE_RECORD, TF_CHECKED, DEBUG,
+VARIABLES = (STRATEGY, WIRE, MATH, PREFETCH, RUN_ID, RESTART_COUNT, PS_STATE_RECORD, DONE_RECORD, TF_CHECKED, DEBUG,
              SYNC_STALL_SECS, SYNC_TIMEOUT_SECS, TF1_READY_POLL_SECS, TF1_STOP_GRACE_SECS, START_OVER)
 
 

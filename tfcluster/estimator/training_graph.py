@@ -21,8 +21,10 @@ import tensorflow as tf
 from ..core.duplicates import rerun_in_every_session
 from ..core.errors import ModelFnError, TfclusterError
 from ..core.tferrors import cause, hint
+from ..graph import prefetch
 from ..graph.placement import ByteBalancedSetter, placement_report, record_ps_state, spread_over_ps
 from ..graph.step import Hook, StepRunner, TrainGraph, global_step_after
+from ..graph.wire import Wire
 from ..runtime.checkpoints import checkpoint_step
 from ..strategies.sync_replicas import FINISH_COLLECTION
 from ..strategies.sync_run import FinishingRunner
@@ -213,7 +215,10 @@ def _build(estimator, input_fn, cluster, setter, collective=None, towers=None):
     # On tfcluster's placement, a big table goes over every ps as fit's does, though model_fn gave no partitioner
     # (docs/embeddings.md); a RunConfig's own device_fn places as it says, whole.
     spread = spread_over_ps(cluster) if isinstance(setter, ByteBalancedSetter) else contextlib.nullcontext()
-    with tf1.device(setter), spread:
+    # Each weight's read crosses to this worker once a step, packed per ps with the others (graph/crossing.py).
+    reads = tf1.variable_creator_scope(Wire("float32", worker_cpu).creator()) \
+        if isinstance(setter, ByteBalancedSetter) and towers is None else contextlib.nullcontext()
+    with tf1.device(setter), spread, reads:
         if towers is not None:
             spec = build_replicas(estimator.model_fn, iterator, features, labels, params, config, towers, collective)
         elif collective is not None:
@@ -222,14 +227,19 @@ def _build(estimator, input_fn, cluster, setter, collective=None, towers=None):
             spec = call_estimator_model_fn(estimator.model_fn, features, labels, ModeKeys.TRAIN, params, config)
         if estimator.warm_start is not None:       # a checkpoint in model_dir still wins (restore)
             apply_warm_start(estimator.warm_start)
-        fetch = global_step_after([spec.train_op], global_step)
+        finishes = tf1.get_collection(FINISH_COLLECTION)        # a SyncReplicasOptimizer's train op only pushes
+        # Asynchronous training on the ps: the next batch's rows are fetched during this step (graph/prefetch.py).
+        staging = prefetch.stage(global_step.graph, str(cluster.task)) \
+            if isinstance(setter, ByteBalancedSetter) and towers is None and not finishes and prefetch.wanted() \
+            else None
+        puts = staging.attach(spec.train_op) if staging is not None else []
+        fetch = global_step_after([spec.train_op] + puts, global_step)
         if collective is not None:
             runner, hooks = collective.finish_graph(fetch, spec.loss)
         else:
             runner = StepRunner(fetch, spec.loss)
-    finishes = tf1.get_collection(FINISH_COLLECTION)        # a SyncReplicasOptimizer's train op only pushes
     runner = FinishingRunner(runner, finishes) if finishes else runner
-    return TrainGraph(runner, global_step, spec.loss, hooks=hooks), spec, init_local, iterator
+    return TrainGraph(runner, global_step, spec.loss, hooks=hooks, staging=staging), spec, init_local, iterator
 
 
 def _session(estimator, run, train_graph, spec, init_local, hooks, saving_listeners, collective=None, towers=None):

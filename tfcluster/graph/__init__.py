@@ -3,6 +3,7 @@
 - :mod:`.model`: the model contract (``model_fn``, ``input_fn``) and the loss scaled to the global batch;
 - :mod:`.placement`: byte-balanced ps placement, partitioning, the placement report;
 - :mod:`.crossing`: tensors that cross between two devices in a step travel packed, one transfer for them all;
+- :mod:`.prefetch`: the next step's rows fetched during this step (a batch's lookups staged one step ahead);
 - :mod:`.precision`: bfloat16 math where the CPU has it (oneDNN's automatic mixed precision);
 - :mod:`.wire`: the 16-bit wire: weights and gradients cross in bfloat16, the ps keeps float32;
 - :mod:`.repartition`: a checkpoint's tables restored by id into another part count ("mod" lookups too);

@@ -28,7 +28,7 @@ back 1, their gradients 2, so no pack waits for its own result), and the same
 random op, a queue) they depend on, so that a step that needs one of them runs
 nothing the others would have made it run: a weight's read is never packed with
 rows, which read the input. Variable reads are not sources. Crossings inside a
-``while`` or ``cond`` travel as they are.
+``while`` or ``cond``, and crossings nothing reads yet, travel as they are.
 
 TensorFlow is imported lazily, so importing this module stays cheap.
 """
@@ -62,6 +62,7 @@ class Crossing:
     read: object                    #: the Identity on the reading device
     shape: object = None            #: its shape as the reader can compute it, where not fully known statically
     gradient: object = None         #: ``(narrow, widen)`` of its gradient's way back, or None: as it is
+    kind: str = ""                  #: what crosses: "rows" of a lookup (graph/prefetch.py stages them), or ""
     packed: bool = False
 
 
@@ -103,7 +104,7 @@ def _register_gradient():
         pass
 
 
-def cross(tensor, device: str, shape=None, gradient=None):
+def cross(tensor, device: str, shape=None, gradient=None, kind: str = ""):
     """``tensor`` as read on ``device`` (a device name; "" for the current device scope), through one crossing.
 
     ``shape``: the tensor's shape as a tensor computed on the reading side, where the static shape is not fully
@@ -114,14 +115,18 @@ def cross(tensor, device: str, shape=None, gradient=None):
     tf1 = tf.compat.v1
     graph = tensor.graph
     _register_gradient()
-    with graph.colocate_with(None, ignore_existing=True), \
-            (tf1.device(device) if device else contextlib.nullcontext()), \
-            graph.gradient_override_map({"Identity": _GRADIENT}):
+    # An explicit device leaves the caller's colocation (a part's, say) behind; "" keeps the caller's scope whole
+    # (TF's colocate_with(None) also clears the device stack).
+    place = contextlib.ExitStack()
+    if device:
+        place.enter_context(graph.colocate_with(None, ignore_existing=True))
+        place.enter_context(tf1.device(device))
+    with place, graph.gradient_override_map({"Identity": _GRADIENT}):
         read = tf.identity(tensor, name="crossing")
     if _same_device(tensor.op.device, read.op.device):
         return read
     state = _state(graph)
-    c = Crossing(tensor, read, shape, gradient)
+    c = Crossing(tensor, read, shape, gradient, kind)
     with state.lock:
         state.crossings.append(c)
         state.by_op[read.op.name] = c
@@ -144,13 +149,14 @@ def _crossing_gradient(op, grad):
     if c is None or grad is None:       # a graph imported from elsewhere: a plain Identity
         return grad
     graph = op.graph
-    with graph.colocate_with(op):
+    # ignore_existing: under colocate_gradients_with_ops TF already colocates this with the crossing's reader.
+    with graph.colocate_with(op, ignore_existing=True):
         if isinstance(grad, tf.IndexedSlices):
             grad = tf.convert_to_tensor(grad)   # summed where it was made, before it travels
         narrowed, widen = (c.gradient[0](grad), c.gradient[1]) if c.gradient else ([grad], None)
     shape = None
     if not c.sent.shape.is_fully_defined():
-        with graph.colocate_with(c.sent.op):
+        with graph.colocate_with(c.sent.op, ignore_existing=True):
             shape = tf.shape(c.sent)
     back = [cross(t, c.sent.op.device, shape=shape if t.shape.rank else None) for t in narrowed]
     if widen is None:
@@ -216,12 +222,14 @@ def pack(graph) -> int:
         pending = [c for c in state.crossings if not c.packed]
         if not pending or graph.finalized:
             return 0
+        copy_small_constants(graph)
         for c in pending:
             c.packed = True
         walk = _Walk(state.by_op)
         groups = {}
         for c in pending:
-            if not _packable(c):
+            # A crossing nothing reads (a table's whole read, made with the table) must not ride along a pack.
+            if not _packable(c) or not any(t.consumers() for t in c.read.op.outputs):
                 continue
             level, sources = walk.of(c.sent.op)
             key = (_device(c.sent.op.device), _device(c.read.op.device), c.sent.dtype, level, sources)
@@ -235,8 +243,56 @@ def pack(graph) -> int:
         return packed
 
 
+#: A constant this small read on another task is copied there instead (an optimizer's learning rate, made on the
+#: worker and read by every ps's update, was a transfer of its own each step).
+SMALL_CONSTANT_BYTES = 1024
+
+
+def copy_small_constants(graph) -> int:
+    """Give each task that reads a small constant made on another task a copy of its own; returns how many."""
+    tf = _tf()
+    tf1 = tf.compat.v1
+    copies = 0
+    for op in graph.get_operations():
+        if op.type != "Const" or not op.device or op.control_inputs or _in_control_flow(op):
+            continue        # a constant with control inputs runs after them: a copy would not
+        value = op.get_attr("value")
+        if len(value.SerializeToString()) > SMALL_CONSTANT_BYTES:
+            continue
+        here = _task(op.device)
+        made = {}
+        for reader in {c for c in op.outputs[0].consumers()}:
+            if not reader.device or _task(reader.device) == here or _in_control_flow(reader):
+                continue
+            device = device_of(reader)
+            if device not in made:
+                with graph.colocate_with(None, ignore_existing=True), tf1.device(device), \
+                        tf1.name_scope(op.name + "/"):
+                    made[device] = tf.constant(tf.make_ndarray(value), dtype=op.outputs[0].dtype, name="copy")
+                copies += 1
+            for i, x in enumerate(reader.inputs):
+                if x is op.outputs[0]:
+                    reader._update_input(i, made[device])  # noqa: SLF001 (before any session ran the graph)
+    return copies
+
+
+def _task(device: str):
+    spec = _tf().DeviceSpec.from_string(device or "")
+    return spec.job, spec.task
+
+
 def _device(name: str) -> str:
     return _tf().DeviceSpec.from_string(name or "").to_string()
+
+
+def device_of(op) -> str:
+    """``op``'s device, spelled one way: ``/job:ps/task:0``, ``/job:ps/replica:0/task:0`` and
+    ``/job:ps/task:0/device:CPU:0`` are one device (a task's ops go to its first CPU unless placed)."""
+    spec = _tf().DeviceSpec.from_string(op.device or "")
+    if not spec.job:
+        return spec.to_string()
+    return spec.replace(replica=None, device_type=spec.device_type or "CPU",
+                        device_index=spec.device_index or 0).to_string()
 
 
 def _pack(graph, src: str, dst: str, members: list, number: int):

@@ -132,7 +132,7 @@ def _part_gather_gradient(op, grad):
     import tensorflow as tf
     from tensorflow.python.ops import resource_variable_ops
     resource = op.type == "ResourceGather"
-    with op.graph.colocate_with(op):
+    with op.graph.colocate_with(op, ignore_existing=True):
         shape = resource_variable_ops.variable_shape(op.inputs[0]) if resource else tf.shape(op.inputs[0])
         if isinstance(grad, tf.IndexedSlices):
             grad = tf.convert_to_tensor(grad)
@@ -188,7 +188,8 @@ def _distinct_rows(parts, ids, strategy, max_norm):
         # The reader knows how many rows come back (the ids it sent) and their width: a pack splits by that.
         shape = tf.concat([tf.shape(split.local[index])[:1], width.as_list()], 0) \
             if width.is_fully_defined() else None
-        read = crossing.cross(part_rows, "", shape=shape, gradient=wire.gradient_way(narrow) if narrow else None)
+        read = crossing.cross(part_rows, "", shape=shape, gradient=wire.gradient_way(narrow) if narrow else None,
+                              kind="rows")
         rows.append(wire.unpack(read, None) if narrow else read)
     if split.order is None:
         return rows[0], split.position

@@ -176,6 +176,7 @@ class TrainGraph:
     - ``state_variables``: shared variables that are not part of the model
       (not checkpointed) but must be initialised before anyone trains.
     - ``hooks``: :class:`~tfcluster.training.hooks.Hook` objects the strategy needs.
+    - ``staging``: where the next step's rows are fetched during this one (:class:`~.prefetch.Staging`), or None.
     """
 
     runner: StepRunner
@@ -186,6 +187,7 @@ class TrainGraph:
     state_variables: list = field(default_factory=list)
     hooks: list = field(default_factory=list)
     model: Any = None
+    staging: Any = None     #: the lookups staged one step ahead (graph/prefetch.py), primed by every session
 
     def add_state(self, variable, initial=None):
         """``variable`` is shared state beside the model: every worker waits for it, the chief initialises it

@@ -75,9 +75,11 @@ class StepTraffic:
             out[t.src][1] += t.nbytes / self.steps
         return {k: tuple(v) for k, v in sorted(out.items())}
 
-    def tensors(self, src: str, dst: str) -> float:
-        """Tensors per step received by ``dst`` from ``src`` (tasks or jobs): one ``RecvTensor`` call each."""
-        return sum(1 for t in self.transfers if _matches(t.src, src) and _matches(t.dst, dst)) / self.steps
+    def tensors(self, src: str, dst: str, carrying: bool = False) -> float:
+        """Tensors per step received by ``dst`` from ``src`` (tasks or jobs): one ``RecvTensor`` call each;
+        ``carrying``: only those that carry bytes (not the empty tensors of a control dependency across tasks)."""
+        return sum(1 for t in self.transfers if _matches(t.src, src) and _matches(t.dst, dst)
+                   and (t.nbytes or not carrying)) / self.steps
 
     def ops_on(self, job_or_task: str) -> dict:
         """``{op type: runs per step}`` of a task, or of each task of a job on average."""

@@ -28,6 +28,8 @@ from typing import Optional
 
 from ..core.checks import whole_number
 from ..core.errors import SpecError
+from ..graph import prefetch
+from ..graph.prefetch import wanted as prefetch_wanted
 from ..graph.placement import MAX_SHARD_BYTES, ByteBalancedSetter, check_max_shard_bytes, spread_over_ps
 from ..graph.sparse import install as install_distinct_lookups
 from ..graph.step import StepRunner, TrainGraph, global_step_after
@@ -52,13 +54,16 @@ class ParameterServerStrategy(Strategy):
     still holds each variable whole. ``stall_warn_secs`` and
     ``stall_timeout_secs`` bound sync waits (a training step must take less
     than ``stall_warn_secs``). ``towers``: replicas inside each worker.
-    ``wire``: the type weights and gradients travel in (see the module doc).
+    ``wire``: the type weights and gradients travel in (see the module doc). ``prefetch`` (async; default
+    ``TFCLUSTER_PREFETCH``, else on): each step reads the next batch's rows from the ps while it trains on this
+    one (:mod:`tfcluster.graph.prefetch`).
     """
 
     def __init__(self, mode: str = "async", replicas_to_aggregate: Optional[int] = None,
                  partition_min_bytes: Optional[int] = None, max_shard_bytes: Optional[int] = MAX_SHARD_BYTES,
                  stall_warn_secs: Optional[float] = None, stall_timeout_secs: Optional[float] = None,
-                 backups: Optional[int] = None, towers=None, wire: Optional[str] = None):
+                 backups: Optional[int] = None, towers=None, wire: Optional[str] = None,
+                 prefetch: Optional[bool] = None):
         super().__init__(towers)
         self.wire = Wire(resolve_wire(wire), receiver=None)
         if mode not in MODES:
@@ -69,6 +74,9 @@ class ParameterServerStrategy(Strategy):
         if replicas_to_aggregate is not None and backups is not None:
             raise SpecError("give replicas_to_aggregate or backups, not both (backups = workers - "
                             "replicas_to_aggregate)")
+        if prefetch and mode != "async":
+            raise SpecError("prefetch applies to mode='async' only: a sync step's rows are of the step's weights")
+        self.prefetch = mode == "async" and prefetch_wanted(prefetch)
         self.backups = whole_number("backups", backups, optional=True)
         self.mode = mode
         self._replicas_to_aggregate = replicas_to_aggregate
@@ -162,8 +170,10 @@ class ParameterServerStrategy(Strategy):
             self.wire.report(str(self.task))
             if self.mode == "async":
                 train = opt.apply_gradients(grads, global_step=gs)
-                fetch = global_step_after([train] + update_ops, gs)
-                return TrainGraph(StepRunner(fetch, mean), gs, mean, model=out)
+                staging = prefetch.stage(gs.graph, str(self.task)) if self.prefetch else None
+                puts = staging.attach(train) if staging else []
+                fetch = global_step_after([train] + update_ops + puts, gs)
+                return TrainGraph(StepRunner(fetch, mean), gs, mean, model=out, staging=staging)
         graph = SyncGraph(self.cluster.trainers(), self.worker_index, self.replicas_to_aggregate, gs, grads,
                           lambda aggregated: opt.apply_gradients(aggregated, global_step=gs), self.task.device,
                           loss=mean, update_ops=update_ops)

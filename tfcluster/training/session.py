@@ -62,6 +62,18 @@ def _join_closers(timeout: float = 10.0):
         t.join(max(0.0, deadline - time.monotonic()))
 
 
+def start_input(session, coord, graph, prime=None):
+    """A new session's input: TF 1.x's queue runners (string_input_producer, shuffle_batch), then the first batch
+    the step's lookups stage (``prime``, graph/prefetch.py), from the input as it runs now."""
+    import tensorflow as tf
+    if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+        from tensorflow.python.util import deprecation
+        with deprecation.silence():
+            tf.compat.v1.train.start_queue_runners(session, coord, daemon=True)
+    if prime is not None:
+        session.run(prime)
+
+
 def scaffold_ops(train_graph, is_chief: bool, extra_local_init=()):
     """``(init_op, ready_op, ready_for_local_init_op, local_init_op)`` for a built TrainGraph."""
     import tensorflow as tf
@@ -110,6 +122,7 @@ class TrainingSession:
         self.hooks = list(train_graph.hooks)
         self.manager = None
         self.session = self.coord = None
+        self._prime = None       # the staged lookups' first batch (graph/prefetch.py)
         self.recoveries = 0
         self.in_a_row = 0           # recoveries since the last step that succeeded
         self.created_at = None      # wall-clock time the model was ready for this process
@@ -139,6 +152,7 @@ class TrainingSession:
             self.init_op, self.ready_op, ready_local, self.local_init_op = scaffold_ops(
                 self.train_graph, self.is_chief, self.extra_local_init)
             self._read_step = self.train_graph.global_step.read_value()
+            self._prime = self.train_graph.staging.prime() if self.train_graph.staging is not None else None
             self.manager = tf1.train.SessionManager(
                 local_init_op=self.local_init_op, ready_op=self.ready_op, ready_for_local_init_op=ready_local,
                 graph=self.graph, recovery_wait_secs=self.poll_secs)
@@ -184,11 +198,7 @@ class TrainingSession:
             log.info("%s %s (%.1fs)", self.name, what, time.monotonic() - start)
         log.debug("%s %s at t=%.3f", self.name, what, self.created_at)   # for tools that measure start-up
         self.coord = tf.compat.v1.train.Coordinator()
-        # Input pipelines of TF 1.x (string_input_producer, shuffle_batch) run on queue runners.
-        if self.graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
-            from tensorflow.python.util import deprecation
-            with deprecation.silence():
-                tf.compat.v1.train.start_queue_runners(self.session, self.coord, daemon=True)
+        start_input(self.session, self.coord, self.graph, self._prime)
         # A step may wait on ps tasks only for so long: one that stops answering (a hung host) is found.
         bounded = self.cluster is not None and self.cluster.num_tasks("ps")
         self.train_graph.runner.attach(self.session, self.step_timeout_secs if bounded else None)
