@@ -300,7 +300,7 @@ def _cluster_session(original):
             if target_text and cluster.is_chief and cluster.num_tasks("ps") and not _reported:
                 _report_placement(graph, cluster, _reported)
         if _math:
-            config = precision.configure(_copy(config))
+            config = precision.configure(_copy(config), target=target)
         original(self, target, graph, config)
     return __init__
 

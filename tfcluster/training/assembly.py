@@ -133,7 +133,10 @@ class RunAssembly:
         if config is None:
             import tensorflow as tf
             config = tf.compat.v1.ConfigProto()
-        config = precision.configure(config)
+        config = precision.configure(config, target=self.target)
+        if precision.is_on(config):
+            log.info("%s does its matrix math in bfloat16, weights kept in float32 (the CPU multiplies bfloat16; "
+                     "--math float32 turns it off)", self.name)
         return TrainingSession(
             train_graph, target=self.target, config=config, is_chief=self.should_init, saver=saver,
             checkpoint_dir=self.checkpoint_dir if self.is_chief else None, extra_local_init=extra_local_init,
