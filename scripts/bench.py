@@ -28,7 +28,10 @@ the model) does not distort it. The TF2 mode rows (``tf2_*``) train the TF 2
 tutorials' CNN as ``fit`` and as a custom loop (scripts/bench/tf2_cnn.py) on 2
 workers under ``tfcluster local --tf2``, against TF's MultiWorkerMirroredStrategy
 set up by hand on the same global batch, and in one process with and without
-the mode.
+the mode. Every row runs with tfcluster's default math (``--math auto``:
+bfloat16 where the CPU has it, graph/precision.py); the ``*_f32`` rows pin
+float32 for the bigger MLP, the CNN and the click-through step, and
+``digits_math`` measures the README example's accuracy in both.
 """
 
 import argparse
@@ -37,11 +40,9 @@ import fnmatch
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,94 +53,17 @@ sys.path.insert(0, BENCH)
 
 from figures import figures  # noqa: E402
 from runs import PY, child_env, parse_bench, run_by_hand, run_local, run_single, run_tf2_pss  # noqa: E402
+from startup import IMPORTS, import_cost, tcp_loopback_bps, tf1_run_cost, tf_import_seconds  # noqa: E402
 #: The click-through rows' TFRecord shards: made by the first row that reads them, removed when the bench ends.
 CLICKS = os.path.join(tempfile.gettempdir(), f"tfcbench-clicks-{os.getpid()}")
 
 
-def tcp_loopback_bps(megabytes=64, seconds=3.0):
-    """Plain TCP bytes/s over loopback between two threads, the bench's own socket pair."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    payload = b"\0" * (megabytes << 20)
-    received = [0]
-
-    def sink():
-        c, _ = srv.accept()
-        buf = bytearray(1 << 20)
-        while True:
-            n = c.recv_into(buf)
-            if not n:
-                break
-            received[0] += n
-        c.close()
-    t = threading.Thread(target=sink)
-    t.start()
-    c = socket.create_connection(srv.getsockname())
-    start = time.time()
-    while time.time() - start < seconds:
-        c.sendall(payload)
-    c.close()
-    t.join()
-    elapsed = time.time() - start
-    srv.close()
-    return received[0] / elapsed
-
-
-#: Leaving at once after the import: the interpreter's teardown of TensorFlow at exit (1.3-2 s of CPU, docs/tf1.md,
-#: "How they end") is not part of an import, and a hosted ps no longer pays it.
-QUIT = "\nimport os\nos._exit(0)"
-
-
-def tf_import_seconds():
-    """Wall seconds for a fresh Python to import TensorFlow (the floor of any start-up)."""
-    t = time.time()
-    subprocess.run([PY, "-c", "import tensorflow" + QUIT], check=True, env=child_env(), capture_output=True)
-    return time.time() - t
-
-
-#: How each kind of task process imports TensorFlow: a trainer's program as written (Keras with it; tf-keras under
-#: TF_USE_LEGACY_KERAS, which every task gets where tf-keras is installed), a hosted ps as tfcluster start does.
-IMPORTS = {"trainer": "import tensorflow",
-           "ps": "from tfcluster.topology.taskenv import prepare_this_process\n"
-                 "prepare_this_process(keras=False)\nimport tensorflow"}
-
-
-def import_cost(kind):
-    """``(CPU seconds, peak resident bytes)`` of a fresh Python importing TensorFlow as a ``kind`` task does."""
-    p = subprocess.Popen([PY, "-c", IMPORTS[kind] + QUIT], env=child_env(TF_USE_LEGACY_KERAS="1"),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(p.pid, 0)      # the kernel's accounting of this one child
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode:
-        raise RuntimeError(f"importing TensorFlow as a {kind} exited {p.returncode}")
-    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
-
-
-def tf1_run_cost(fork):
-    """``(wall seconds, CPU seconds)`` of ``tfcluster local --tf1`` (1 ps + 2 workers) running a script that only
-    imports TensorFlow: the start and end of a TF1 cluster, with its tasks forked or each importing its own."""
-    with tempfile.TemporaryDirectory(prefix="tfcbench-tf1-") as tmp:
-        script = os.path.join(tmp, "empty.py")
-        with open(script, "w") as f:
-            f.write("import tensorflow as tf\nprint(tf.__version__)\n")
-        t = time.monotonic()
-        p = subprocess.Popen([PY, "-m", "tfcluster", "local", "--tf1", "--ps", "1", "--workers", "2", "--log-dir",
-                              os.path.join(tmp, "logs")] + ([] if fork else ["--no-fork"]) + ["--", PY, script],
-                             env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
-        _, status, usage = os.wait4(p.pid, 0)       # the launcher, and every process it and they reaped
-        if os.waitstatus_to_exitcode(status):
-            raise RuntimeError(f"tfcluster local --tf1 {'' if fork else '--no-fork '}exited "
-                               f"{os.waitstatus_to_exitcode(status)}")
-        return time.monotonic() - t, usage.ru_utime + usage.ru_stime
-
-
-def digits_accuracy(mode, wire):
-    """The README example's test accuracy after training on 1 ps + 2 workers with this wire."""
+def digits_accuracy(mode, wire, math="auto"):
+    """The README example's test accuracy after training on 1 ps + 2 workers with this wire and math."""
     ckpt = tempfile.mkdtemp(prefix="tfcbench-digits-")
     try:
         p = subprocess.run([PY, "-m", "tfcluster", "local", "--ps", "1", "--workers", "2", "--wire", wire,
-                            "--log-dir", os.path.join(ckpt, "logs"), "--", PY, os.path.join(REPO, "examples",
+                            "--math", math, "--log-dir", os.path.join(ckpt, "logs"), "--", PY, os.path.join(REPO, "examples",
                                                                                             "digits.py"),
                             "--mode", mode, "--checkpoint-dir", os.path.join(ckpt, "run")],
                            capture_output=True, text=True, timeout=300, env=child_env())
@@ -174,9 +98,15 @@ def drift_memory():
     return one_run("drift", ps=1, timeout=900)
 
 
+#: Rows beside the click-through ones whose run writes the README's second table (``--rows 'ctr_*,...'``): the
+#: bigger MLP and the CNN in both maths, the issue's figures of bfloat16 math with those of the click-through step.
+SECOND_TABLE = ("big_single", "big_single_f32", "big_async", "big_async_f32", "single_cnn", "single_cnn_f32",
+                "tfcluster_async_cnn", "tfcluster_async_cnn_f32")
+
 #: Measurements that are not rows of examples/s, by the name ``--rows`` selects them with.
 MEASURES = {"pull": "pulling a 64 MB variable from a ps", "saves": "a full save of 2 ps' state, sharded or not",
-            "drift": "a ps's memory on an id stream that keeps bringing new ids, with eviction"}
+            "drift": "a ps's memory on an id stream that keeps bringing new ids, with eviction",
+            "digits_math": "the README example's test accuracy with bfloat16 and with float32 math"}
 
 
 # ------------------------------------------------------------------ the rows
@@ -222,10 +152,29 @@ def rows(quick, steps):
                                    lambda: run_local(mlp("collective", steps // 2, "--devices", "2"), ps=0)),
         "tfcluster_sync_towers_2": ("mlp", "tfcluster", lambda: run_local(mlp("sync", steps // 2, "--devices", "2"))),
     })
+    out.update(math_rows(steps))
     out.update(ctr_rows(steps // 2))
     out.update(tf2_rows(steps // 10))
     out.update(horovod_rows(steps // 3))
     return out
+
+
+def math_rows(steps):
+    """The float32 twins of the bigger MLP's and the CNN's rows (graph/precision.py): every other row runs with
+    the default math, bfloat16 where the CPU has it; these pin float32, in one process and on 1 ps + 2 workers."""
+    fit = os.path.join(BENCH, "tfcluster_fit.py")
+    f32 = dict(TFCLUSTER_MATH="float32")
+
+    def job(mode, model, n):
+        return [fit, "--mode", mode, "--steps", str(n), "--model", model]
+    return {
+        "big_single_f32": ("big", "one process", lambda: run_single(job("local", "big", steps // 10), **f32)),
+        "big_async_f32": ("big", "tfcluster", lambda: run_local(job("async", "big", steps // 10),
+                                                                extra=["--math", "float32"])),
+        "single_cnn_f32": ("cnn", "one process", lambda: run_single(job("local", "cnn", steps // 3), **f32)),
+        "tfcluster_async_cnn_f32": ("cnn", "tfcluster", lambda: run_local(job("async", "cnn", steps // 3),
+                                                                          extra=["--math", "float32"])),
+    }
 
 
 def horovod_rows(steps):
@@ -276,7 +225,7 @@ def ctr_rows(steps):
     def local(workload, ps=2, extra=(), memory=False):
         return lambda: run_local(workload, ps=ps, extra=extra, memory=memory, timeout=900)
 
-    def stream(*model):
+    def stream(*model, extra=()):
         """A drifting click stream read once (scripts/clicklog.py --drift), saves every 50 steps into a fresh
         directory, the held-out AUC in the BENCH line. Adagrad's initial accumulator is 0.001, not TF's 0.1:
         with 0.1 a row's step is ~1/300 of its gradient's sign at batch 512, no model learns any id past the
@@ -286,14 +235,17 @@ def ctr_rows(steps):
             try:
                 return run_local(fit("async", *model, "--drift", "0.5", "--examples", str(steps * 512),
                                      "--accumulator", "0.001", "--save-steps", "50", "--checkpoint-dir",
-                                     checkpoints), ps=2, memory=True, timeout=900)
+                                     checkpoints), ps=2, extra=extra, memory=True, timeout=900)
             finally:
                 shutil.rmtree(checkpoints, ignore_errors=True)
         return run
     # The traced rows place dense variables as ps on two machines would (split over both: C7 is their traffic).
     bf16, traced = ["--wire", "bfloat16"], ["--trace", "5", "--after", "20", "--split-kb", "256"]
+    f32 = ["--math", "float32"]
     return {
         "ctr_async": ("ctr", "tfcluster", local(fit("async"), memory=True)),
+        "ctr_async_f32": ("ctr", "tfcluster", local(fit("async"), extra=f32)),
+        "ctr_async_noprefetch": ("ctr", "tfcluster", local(fit("async", 100_000, "--no-prefetch"))),
         "ctr_async_1ps": ("ctr", "tfcluster", local(fit("async"), ps=1, memory=True)),
         "ctr_async_ev": ("ctr", "tfcluster", local(fit("async", 100_000, "--embedding-variables"), memory=True)),
         # Fixed tables of the memory the embedding variables take on the stream (H = 50,000: 0.95-1.1 of their ps
@@ -301,9 +253,15 @@ def ctr_rows(steps):
         "ctr_stream": ("ctr", "tfcluster", stream(50_000)),
         "ctr_stream_ev": ("ctr", "tfcluster", stream(50_000, "--embedding-variables", "--filter-freq", "2",
                                                      "--steps-to-live", "100")),
+        # The held-out AUC with float32 math, and without the next step's rows fetched during this one.
+        "ctr_stream_f32": ("ctr", "tfcluster", stream(50_000, extra=f32)),
+        "ctr_stream_noprefetch": ("ctr", "tfcluster", stream(50_000, "--no-prefetch")),
         "ctr_sync": ("ctr", "tfcluster", local(fit("sync"))),
         "ctr_raw_tf1": ("ctr", "raw TF1", local([raw, "--steps", str(steps), "--data_dir", data],
                                                 extra=["--legacy-flags"])),
+        # The same program under TF1 mode: what tfcluster gives a program by hand without changing it.
+        "ctr_raw_tf1_mode": ("ctr", "tfcluster", local([raw, "--steps", str(steps), "--data_dir", data],
+                                                       extra=["--legacy-flags", "--tf1"])),
         "ctr_tf2_pss": ("ctr", "TF2 PSS", lambda: run_tf2_pss(steps, script="ctr_tf2_pss.py", ps=2,
                                                               BENCH_DATA_DIR=data, timeout=900)),
         "ctr_async_h10k": ("ctr", "tfcluster", local(fit("async", 10_000))),
@@ -372,6 +330,7 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
             runs[name].append(run)
             print(f"bench: {name} rep {rep + 1}/{reps}: {rate:.0f} examples/s ({time.time() - t:.0f}s)", flush=True)
     extra = dict(pull=[], pull_whole=[], tcp=[], tf_import=[], accuracy={}, saves=[], drift=[],
+                 digits_math={"bfloat16": [], "float32": []},
                  import_cpu={kind: [] for kind in IMPORTS}, import_rss={kind: [] for kind in IMPORTS},
                  tf1_cpu={"fork": [], "no_fork": []}, tf1_wall={"fork": [], "no_fork": []})
     pull_mb = 16 if quick else 64
@@ -391,6 +350,11 @@ def measure(quick, steps=None, reps=None, only=None, accuracy=True):
         if not quick and (only is None or "drift" in only):
             extra["drift"].append(drift_memory())
             print(f"bench: drift rep {rep + 1}/{reps}: {extra['drift'][-1]}", flush=True)
+        if not quick and (only is None or "digits_math" in only):
+            for math in ("auto", "float32") if rep % 2 == 0 else ("float32", "auto"):
+                got = digits_accuracy("sync", "float32", math)
+                extra["digits_math"]["float32" if math == "float32" else "bfloat16"].append(got)
+                print(f"bench: digits sync, {math} math, rep {rep + 1}/{reps}: test accuracy {got}", flush=True)
         if only is not None and "pull" not in only:
             continue
         extra["tcp"].append(tcp_loopback_bps(pull_mb, 2.0 if quick else 4.0))
@@ -439,7 +403,8 @@ def main():
                                   "checkpoints, and increments; drift: a ps's memory on a drifting id stream; "
                                   "default: every row of the mode)")
     p.add_argument("--readme", action="store_true", help="rewrite the README's table from this run (the "
-                                                         "click-through table when only ctr_* rows ran)")
+                                                         "click-through table when only ctr_* rows and the "
+                                                         "bigger MLP's and CNN's maths ran)")
     p.add_argument("--profile", action="store_true", help="also trace where a ps step's time goes")
     p.add_argument("--replot", action="store_true", help="only draw --out's plots again from its results.json")
     a = p.parse_args()
@@ -462,7 +427,7 @@ def main():
                 seconds=round(time.time() - started, 1),
                 layouts={k: next((r["layout"] for r in v if r), "") for k, v in runs.items()})
     md = write(a.out, thr, figs, extra, meta, traced)
-    if a.readme and runs and all(k.startswith("ctr_") for k in runs):
+    if a.readme and runs and all(k.startswith("ctr_") or k in SECOND_TABLE for k in runs):
         write_readme(os.path.join(REPO, "README.md"), md, a.out, CTR_BEGIN, CTR_END)
     elif a.readme:
         write_readme(os.path.join(REPO, "README.md"), md, a.out)

@@ -194,3 +194,34 @@ def test_embedding_variable_figures_pair_their_runs_with_the_fixed_tables_of_the
     assert figs["E1 stream: the ps' peak memory, same (1 = the same memory)"]["median"] == pytest.approx(1.25)
     e2 = figs["E2 stream: held-out AUC points, embedding variables - fixed tables of the same memory"]
     assert e2["median"] == pytest.approx(1.0) and e2["n"] == 1 and e2["met"] is True
+
+
+def test_bfloat16_math_and_prefetch_figures_pair_each_repeat_with_its_float32_and_unprefetched_twin():
+    thr = {"ctr_async": [1300.0, 1200.0], "ctr_async_f32": [1000.0, 1000.0], "ctr_async_noprefetch": [1250.0, None],
+           "big_single": [300.0], "big_single_f32": [200.0]}
+    runs_ = {"ctr_stream": [dict(results=[{"auc": 0.801}]), dict(results=[{"auc": 0.790}])],
+             "ctr_stream_f32": [dict(results=[{"auc": 0.800}]), dict(results=[{"auc": 0.795}])],
+             "ctr_stream_noprefetch": [dict(results=[{"auc": 0.802}]), None]}
+    figs = figures(runs_, thr, {"digits_math": {"bfloat16": [0.97, 0.98], "float32": [0.975, 0.97]}})
+    b1 = figs["B1 click-through: bfloat16 math / float32 math"]
+    assert b1["median"] == pytest.approx(1.25) and b1["met"] is False and b1["n"] == 2        # goal >= 1.3
+    assert figs["B2 click-through: next step's rows fetched during this one / not"]["n"] == 1   # the failed twin
+    b3 = figs["B3 stream: held-out AUC points, bfloat16 math - float32 math"]
+    assert (b3["min"], b3["max"]) == (pytest.approx(-0.5), pytest.approx(0.1)) and b3["unit"] == "points"
+    assert figs["B3 stream: held-out AUC points, rows prefetched - not (async's staleness)"]["median"] == \
+        pytest.approx(-0.1)
+    b4 = figs["B4 README example (digits, sync): test accuracy points, bfloat16 math - float32 math"]
+    assert (b4["min"], b4["max"]) == (pytest.approx(-0.5), pytest.approx(1.0)) and b4["met"] is True
+    assert figs["B5 bigger MLP, one process: bfloat16 math / float32 math"]["median"] == pytest.approx(1.5)
+
+
+def test_the_traced_step_gives_transfers_per_ps_each_way_counting_only_those_that_carry_data():
+    # ctr.py's TRAFFIC "requests": per ps, [sent, received, sent with data, received with data].
+    traffic = dict(worker_received=1.0, ps_received=1.0, row_bytes=1.0, dense_bytes=1.0, by_task={},
+                   requests={"ps:0": [5, 4, 2, 3], "ps:1": [3, 3, 2, 1]},
+                   ps_ops={"ps:0": {"ResourceSparseApplyAdagrad": 2, "ResourceGather": 2}, "ps:1": {
+                       "ResourceSparseApplyAdagrad": 2}})
+    figs = figures({"ctr_traffic": [dict(results=[dict(traffic=traffic)])]}, {}, {})
+    assert figs["C9 data transfers a worker sends each ps per step"]["median"] == 2.0
+    assert figs["C9 data transfers a worker receives from each ps per step"]["median"] == 2.0
+    assert figs["C9 sparse updates per ps per step"]["median"] == 2.0

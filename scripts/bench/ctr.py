@@ -60,6 +60,7 @@ p.add_argument("--lr", type=float, default=0.05, help="Adagrad's learning rate (
 p.add_argument("--accumulator", type=float, default=0.1, help="Adagrad's initial accumulator (default 0.1)")
 p.add_argument("--checkpoint-dir", default=None, help="save there, and report the held-out AUC")
 p.add_argument("--save-steps", type=int, default=100, help="with --checkpoint-dir: steps between saves")
+p.add_argument("--no-prefetch", action="store_true", help="async: do not fetch the next step's rows during this one")
 a = p.parse_args()
 tf1.disable_eager_execution()
 option = None
@@ -106,8 +107,8 @@ traffic = tfcluster.TrafficHook(after=a.after, steps=a.trace) if a.trace else No
 measure = Measure(traffic) if traffic else None
 started = time.time()
 strategy = a.mode
-if a.max_shard_mb is not None or a.split_kb is not None:
-    options = {}
+if a.max_shard_mb is not None or a.split_kb is not None or a.no_prefetch:
+    options = dict(prefetch=False) if a.no_prefetch else {}
     if a.max_shard_mb is not None:
         options["max_shard_bytes"] = int(a.max_shard_mb * 2 ** 20) or None
     if a.split_kb is not None:

@@ -25,6 +25,7 @@ PANELS = {
     "stream": "click stream, ids drifting 0.5 an example (scripts/clicklog.py --drift): embedding variables "
               "(CounterFilter(2), GlobalStepEvict(100)) against H = 50,000, 2 workers, 2 ps",
     "accuracy": "README example (digits): test accuracy points, bfloat16 - float32 wire",
+    "math": "bfloat16 math / float32 math (oneDNN's automatic mixed precision; AVX512-BF16, no AMX here)",
 }
 
 #: Colours: tfcluster in one, each peer in its own (Paul Tol's bright scheme, readable when printed grey).
@@ -40,15 +41,17 @@ GROUPS = {
     "MLP in one process, and all-reduce": ["single_b128", "single_b256", "mirrored_2", "mirrored_4", "central_2",
                                            "collective_2w", "collective_2w_bf16", "collective_2w_towers_2",
                                            "tfcluster_sync_towers_2"],
-    "bigger MLP": ["big_single", "big_async", "big_async_bf16", "big_sync", "big_sync_bf16"],
-    "CNN": ["single_cnn", "tfcluster_async_cnn"],
+    "bigger MLP": ["big_single", "big_single_f32", "big_async", "big_async_f32", "big_async_bf16", "big_sync",
+                   "big_sync_bf16"],
+    "CNN": ["single_cnn", "single_cnn_f32", "tfcluster_async_cnn", "tfcluster_async_cnn_f32"],
     "TF 2 tutorials' CNN (TF2 mode)": [f"tf2_{loop}_{how}" for loop in ("fit", "custom")
                                        for how in ("tfcluster", "by_hand", "single", "single_mode")],
     "Horovod program, digits CNN (TF1 mode)": ["hvd_cnn", "hvd_cnn_fp16", "hvd_cnn_collective", "hvd_cnn_single"],
-    "click-through, 2 workers (2 ps unless named)": ["ctr_async", "ctr_async_1ps", "ctr_sync", "ctr_raw_tf1",
+    "click-through, 2 workers (2 ps unless named)": ["ctr_async", "ctr_async_f32", "ctr_async_noprefetch",
+                                                     "ctr_async_1ps", "ctr_sync", "ctr_raw_tf1", "ctr_raw_tf1_mode",
                                                      "ctr_tf2_pss", "ctr_async_h10k", "ctr_async_h1m", "ctr_sync_h1m",
                                                      "ctr_async_ev", "ctr_stream", "ctr_stream_ev",
-                                                     "ctr_async_bf16"],
+                                                     "ctr_stream_f32", "ctr_stream_noprefetch", "ctr_async_bf16"],
 }
 #: What a peer cannot express, said in the table instead of a figure, per panel.
 NOTES = {"ctr": ["TF2 PSS has no synchronous training (ParameterServerStrategy's workers each apply their own "
@@ -162,9 +165,24 @@ def figures(runs, thr, extra):
          "one process")
     pair("P4 for the CNN: cluster total / single process", "tfcluster_async_cnn", "single_cnn", "cnn",
          "one process", ">= 0.9")
+    _math(thr, extra, add, pair)
     _startup(out, runs, extra, add)
     _ctr(runs, thr, add, pair)
     return out
+
+
+def _math(thr, extra, add, pair):
+    """B1-B6: bfloat16 math against float32 (graph/precision.py), in examples/s and in the accuracy kept."""
+    for name, a, b in (("B5 bigger MLP, one process", "big_single", "big_single_f32"),
+                       ("B5 bigger MLP, async on 1 ps + 2 workers", "big_async", "big_async_f32"),
+                       ("B6 tutorials' CNN, one process", "single_cnn", "single_cnn_f32"),
+                       ("B6 tutorials' CNN, async on 1 ps + 2 workers", "tfcluster_async_cnn",
+                        "tfcluster_async_cnn_f32")):
+        pair(f"{name}: bfloat16 math / float32 math", a, b, "math", "tfcluster", ">= 1.5")
+    digits = extra.get("digits_math") or {}
+    add("B4 README example (digits, sync): test accuracy points, bfloat16 math - float32 math",
+        [100 * (a - b) for a, b in zip(digits.get("bfloat16") or [], digits.get("float32") or [])
+         if a is not None and b is not None], "math", "tfcluster", ">= -0.5", unit="points")
 
 
 def _per_run(runs, name, value):
@@ -224,9 +242,21 @@ def _ctr(runs, thr, add, pair):
         _per_run(runs, "ctr_traffic", lambda r: _traffic(r, lambda t: t["ps_received"] / (t["row_bytes"]
                                                                                         + t["dense_bytes"]))),
         "ctr", "tfcluster", "<= 1.2")
-    pair("C2 tfcluster async / raw TF1 async (by hand)", "ctr_async", "ctr_raw_tf1", "ctr", "raw TF1", ">= 1.2")
+    pair("C2 tfcluster async / raw TF1 async (by hand)", "ctr_async", "ctr_raw_tf1", "ctr", "raw TF1", ">= 1.5")
+    pair("C2 the raw TF1 program under --tf1 / as it runs alone", "ctr_raw_tf1_mode", "ctr_raw_tf1", "ctr",
+         "raw TF1", "measured")
     pair("C3 tfcluster async / TF2 PSS (Keras Embedding on ShardedVariables)", "ctr_async", "ctr_tf2_pss", "ctr",
-         "TF2 PSS", ">= 1.5")
+         "TF2 PSS", ">= 2.0")
+    pair("B1 click-through: bfloat16 math / float32 math", "ctr_async", "ctr_async_f32", "ctr", "tfcluster",
+         ">= 1.3")
+    pair("B2 click-through: next step's rows fetched during this one / not", "ctr_async", "ctr_async_noprefetch",
+         "ctr", "tfcluster", ">= 1.0")
+    aucs = {k: _per_run(runs, k, _auc) for k in ("ctr_stream", "ctr_stream_f32", "ctr_stream_noprefetch")}
+    for name, other in (("B3 stream: held-out AUC points, bfloat16 math - float32 math", "ctr_stream_f32"),
+                        ("B3 stream: held-out AUC points, rows prefetched - not (async's staleness)",
+                         "ctr_stream_noprefetch")):
+        add(name, [100 * (a - b) for a, b in zip(aucs["ctr_stream"], aucs[other]) if a is not None and b is not None],
+            "stream", "tfcluster", ">= -0.2", unit="points")
     pair("C4 async at H = 1,000,000 / at H = 10,000", "ctr_async_h1m", "ctr_async_h10k", "ctr", "tfcluster",
          ">= 0.9")
     pair("C5 async on 2 ps / on 1 ps", "ctr_async", "ctr_async_1ps", "ctr", "tfcluster", ">= 1.0")
@@ -249,14 +279,30 @@ def _ctr(runs, thr, add, pair):
         [a / b for a, b in zip(received["ctr_traffic_bf16"], received["ctr_traffic"]) if a and b], "ctr",
         "tfcluster", "<= 0.55")
     pair("C8 bfloat16 wire / float32 wire: examples/s", "ctr_async_bf16", "ctr_async", "ctr", "tfcluster", ">= 1.2")
-    # Sparse updates only: the traced stats hold one ResourceGather per ps for its two table parts, a count not
-    # yet understood, so gathers are no figure until it is.
+    # Per ps and step, from the traced steps: sparse updates (one per table part: the deep and the wide tables
+    # differ in width, so two a ps) and the transfers that carry data each way (tensors without bytes, the
+    # control edges TF sends as RecvTensor calls too, counted apart).
     add("C9 sparse updates per ps per step", _per_run(runs, "ctr_traffic", lambda r: _traffic(
         r, lambda t: _ps_ops(t, SPARSE_UPDATES))), "ctr", "tfcluster", "<= 1", unit="ops")
+    for name, i in (("C9 data transfers a worker sends each ps per step", 2),
+                    ("C9 data transfers a worker receives from each ps per step", 3)):
+        add(name, _per_run(runs, "ctr_traffic", lambda r, i=i: _traffic(r, lambda t: _per_ps(t, i))), "ctr",
+            "tfcluster", "<= 1", unit="tensors")
     for name, key in (("C9 tensors a worker sends the ps per step (one RecvTensor call each)", "tensors_to_ps"),
                       ("C9 tensors a worker receives from the ps per step", "tensors_from_ps")):
         add(name, _per_run(runs, "ctr_traffic", lambda r: _traffic(r, lambda t: t.get(key))), "ctr", "tfcluster",
             "measured", unit="tensors")
+
+
+def _per_ps(traffic, i):
+    """Item ``i`` of the traced step's ``requests`` ([to, from, to with data, from with data]), averaged over ps."""
+    per_ps = [counts[i] for counts in (traffic.get("requests") or {}).values()]
+    return sum(per_ps) / len(per_ps) if per_ps else None
+
+
+def _auc(run):
+    """The held-out AUC the run's chief reported (None: it reported none)."""
+    return next((x["auc"] for x in run["results"] if "auc" in x), None)
 
 
 def _stream(runs, add, pair):
@@ -268,8 +314,7 @@ def _stream(runs, add, pair):
     add("E1 stream: the ps' peak memory, same (1 = the same memory)", ratio(peaks["ctr_stream_ev"],
                                                                           peaks["ctr_stream"]),
         "stream", "tfcluster", "measured")
-    aucs = {k: _per_run(runs, k, lambda r: next((x["auc"] for x in r["results"] if "auc" in x), None))
-            for k in ("ctr_stream_ev", "ctr_stream")}
+    aucs = {k: _per_run(runs, k, _auc) for k in ("ctr_stream_ev", "ctr_stream")}
     add("E2 stream: held-out AUC points, embedding variables - fixed tables of the same memory",
         [100 * (a - b) for a, b in zip(aucs["ctr_stream_ev"], aucs["ctr_stream"]) if a is not None and b is not None],
         "stream", "tfcluster", ">= 0", unit="points")

@@ -20,7 +20,7 @@ BENCH = os.path.join(REPO, "scripts", "bench")
 def child_env(**extra):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", GRPC_VERBOSITY="NONE", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for name in ("TF_CONFIG", "TFCLUSTER_WIRE", "TFCLUSTER_STRATEGY"):
+    for name in ("TF_CONFIG", "TFCLUSTER_WIRE", "TFCLUSTER_STRATEGY", "TFCLUSTER_MATH", "TFCLUSTER_PREFETCH"):
         env.pop(name, None)
     env.update({k: str(v) for k, v in extra.items()})
     return env
