@@ -270,6 +270,9 @@ def ctr_rows(steps):
         "ctr_async_bf16": ("ctr", "tfcluster", local(fit("async"), extra=bf16)),
         "ctr_traffic": ("ctr", "tfcluster", local(fit("async", 100_000, *traced))),
         "ctr_traffic_bf16": ("ctr", "tfcluster", local(fit("async", 100_000, *traced), extra=bf16)),
+        # A table per column (52 variables, as feature columns make them) against one of every column.
+        "ctr_async_columns": ("ctr", "tfcluster", local(fit("async", 100_000, "--table-per-column"))),
+        "ctr_traffic_columns": ("ctr", "tfcluster", local(fit("async", 100_000, "--table-per-column", *traced))),
     }
 
 

@@ -12,6 +12,8 @@ from the traced steps, never from a model of what should travel.
 With ``--checkpoint-dir`` the chief saves every ``--save-steps`` (where embedding variables evict) and, after
 training, puts the held-out file's AUC in its ``BENCH`` line (the example's model, metrics included,
 restored in this process). ``--drift`` trains on a click stream whose ids keep arriving (scripts/clicklog.py).
+``--table-per-column`` gives each column its own deep and wide tables (52 variables of the same rows), as
+feature columns make them: what a lookup and an update per table cost against one of every column.
 """
 
 import argparse
@@ -61,6 +63,7 @@ p.add_argument("--accumulator", type=float, default=0.1, help="Adagrad's initial
 p.add_argument("--checkpoint-dir", default=None, help="save there, and report the held-out AUC")
 p.add_argument("--save-steps", type=int, default=100, help="with --checkpoint-dir: steps between saves")
 p.add_argument("--no-prefetch", action="store_true", help="async: do not fetch the next step's rows during this one")
+p.add_argument("--table-per-column", action="store_true", help="a deep and a wide table per column (52 variables)")
 a = p.parse_args()
 tf1.disable_eager_execution()
 option = None
@@ -70,6 +73,33 @@ if a.embedding_variables:
         evict_option=tfcluster.GlobalStepEvict(a.steps_to_live) if a.steps_to_live else None)
 inner = example.make_model_fn(a.buckets, option=option)
 distinct = {}
+
+
+def per_column_model_fn(features, labels, mode):
+    """The example's wide & deep with a table per column and kind: the same rows in 52 variables."""
+    ids = example.hashed_ids(features, a.buckets) - tf.constant([i * a.buckets for i in range(example.COLUMNS)],
+                                                                tf.int64)
+    init = tf1.truncated_normal_initializer(stddev=0.05, seed=1)
+    deep, wide = [], []
+    for i in range(example.COLUMNS):
+        with tf1.variable_scope("embeddings"):
+            deep.append(tf.nn.embedding_lookup(tf1.get_variable(f"C{i}", [a.buckets, 16], initializer=init), ids[:, i]))
+        with tf1.variable_scope("wide"):
+            wide.append(tf.nn.embedding_lookup(tf1.get_variable(f"C{i}", [a.buckets, 1],
+                                                                initializer=tf1.zeros_initializer()), ids[:, i]))
+    numeric = tf.concat([features[name] for name in example.clicklog.NUMERIC], axis=1)
+    h = tf.concat([numeric] + deep, 1)
+    for i, units in enumerate((256, 128)):
+        h = example.dense(h, units, f"dnn_{i}", tf.nn.relu, seed=2 + i)
+    logits = tf.squeeze(example.dense(h, 1, "dnn_logit", seed=9) + tf.add_n(wide)
+                        + tf1.get_variable("bias", [1], initializer=tf1.zeros_initializer()), 1)
+    clicked = tf.cast(tf.squeeze(labels, 1), tf.float32)
+    return example.ModelOutput(predictions=tf.sigmoid(logits),
+                               per_example_loss=tf.nn.sigmoid_cross_entropy_with_logits(labels=clicked, logits=logits))
+
+
+if a.table_per_column:
+    inner = per_column_model_fn
 
 
 def model_fn(features, labels, mode):

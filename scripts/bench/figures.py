@@ -51,13 +51,14 @@ GROUPS = {
                                                      "ctr_async_1ps", "ctr_sync", "ctr_raw_tf1", "ctr_raw_tf1_mode",
                                                      "ctr_tf2_pss", "ctr_async_h10k", "ctr_async_h1m", "ctr_sync_h1m",
                                                      "ctr_async_ev", "ctr_stream", "ctr_stream_ev",
-                                                     "ctr_stream_f32", "ctr_stream_noprefetch", "ctr_async_bf16"],
+                                                     "ctr_stream_f32", "ctr_stream_noprefetch", "ctr_async_bf16",
+                                                     "ctr_async_columns"],
 }
 #: What a peer cannot express, said in the table instead of a figure, per panel.
 NOTES = {"ctr": ["TF2 PSS has no synchronous training (ParameterServerStrategy's workers each apply their own "
                  "gradients), so C6 has no TF2 PSS row; raw TF1 would need SyncReplicasOptimizer, not measured."]}
 #: Rows that trace a few steps and stop: their bytes are figures, their examples/s are not.
-TRACED = ("ctr_traffic", "ctr_traffic_bf16")
+TRACED = ("ctr_traffic", "ctr_traffic_bf16", "ctr_traffic_columns")
 
 #: The one-process MLP rows; P4 compares a cluster with the best of them, repeat by repeat.
 SINGLES = ("single_b128", "single_b256", "mirrored_2", "mirrored_4", "central_2")
@@ -279,19 +280,23 @@ def _ctr(runs, thr, add, pair):
         [a / b for a, b in zip(received["ctr_traffic_bf16"], received["ctr_traffic"]) if a and b], "ctr",
         "tfcluster", "<= 0.55")
     pair("C8 bfloat16 wire / float32 wire: examples/s", "ctr_async_bf16", "ctr_async", "ctr", "tfcluster", ">= 1.2")
-    # Per ps and step, from the traced steps: sparse updates (one per table part: the deep and the wide tables
-    # differ in width, so two a ps) and the transfers that carry data each way (tensors without bytes, the
-    # control edges TF sends as RecvTensor calls too, counted apart).
-    add("C9 sparse updates per ps per step", _per_run(runs, "ctr_traffic", lambda r: _traffic(
-        r, lambda t: _ps_ops(t, SPARSE_UPDATES))), "ctr", "tfcluster", "<= 1", unit="ops")
-    for name, i in (("C9 data transfers a worker sends each ps per step", 2),
-                    ("C9 data transfers a worker receives from each ps per step", 3)):
-        add(name, _per_run(runs, "ctr_traffic", lambda r, i=i: _traffic(r, lambda t: _per_ps(t, i))), "ctr",
-            "tfcluster", "<= 1", unit="tensors")
+    # Per ps and step, from the traced steps: sparse updates (one per table part) and the transfers that carry
+    # data each way (TF's control edges are RecvTensor calls too, without bytes: not counted).
+    for row, of in (("ctr_traffic", ""), ("ctr_traffic_columns", ", a table per column (52 variables)")):
+        # Two row widths (deep 16, wide 1): at best one update of each a ps. Two transfers each way: the ids,
+        # then the gradients; the weights, then the rows (the chief's ps also sends the global step).
+        add(f"C9 sparse updates per ps per step{of}", _per_run(runs, row, lambda r: _traffic(
+            r, lambda t: _ps_ops(t, SPARSE_UPDATES))), "ctr", "tfcluster", "<= 2", unit="ops")
+        for name, i in (("C9 data transfers a worker sends each ps per step", 2),
+                        ("C9 data transfers a worker receives from each ps per step", 3)):
+            add(name + of, _per_run(runs, row, lambda r, i=i: _traffic(r, lambda t: _per_ps(t, i))), "ctr",
+                "tfcluster", "<= 2", unit="tensors")
     for name, key in (("C9 tensors a worker sends the ps per step (one RecvTensor call each)", "tensors_to_ps"),
                       ("C9 tensors a worker receives from the ps per step", "tensors_from_ps")):
         add(name, _per_run(runs, "ctr_traffic", lambda r: _traffic(r, lambda t: t.get(key))), "ctr", "tfcluster",
             "measured", unit="tensors")
+    pair("C10 a table per column (52 variables) / one table of every column: examples/s", "ctr_async_columns",
+         "ctr_async", "ctr", "tfcluster", ">= 0.9")
 
 
 def _per_ps(traffic, i):
