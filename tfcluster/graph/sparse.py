@@ -18,6 +18,12 @@ batch's order on the worker. The gradient follows the same path backwards: the
 gather's gradient sums the duplicates on the worker, and each part receives one
 row per distinct id it holds. Tables anywhere else (one process, the worker's
 own devices) are looked up by TF's code unchanged; so are ragged and sparse ids.
+The ids each part is asked for and the rows it sends back cross through
+graph/crossing.py, so a step's lookups travel in one transfer per ps each way.
+Their gradients hold each id once already, so they are marked so
+(:func:`mark_distinct`) and TF's optimizers skip their second deduplication on
+the ps (a ``Unique`` and an ``UnsortedSegmentSum`` per part and step: the
+``sparse.distinct_updates`` patches, docs/patches.md).
 ``embedding_lookup_sparse`` and the feature columns' lookups already look up
 distinct ids (TF's own ``unique``). A partitioner that asks for more parts than
 a table has rows fails in one line (:func:`checked_partitioner_call`). Tables
