@@ -46,7 +46,8 @@ _NOT_SOURCES = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "Variab
                           "ResourceGather", "ResourceGatherNd", "LookupTableFindV2", "LookupTableSizeV2",
                           "HashTableV2", "MutableHashTableV2", "MutableDenseHashTable",
                           "MutableHashTableOfTensorsV2", "Const"})
-_PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
+#: Ops whose value is fed: each step its own (so neither packed with another step's nor staged ahead).
+PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
 #: What packs: fixed-size numbers (strings, resources and variants cannot be concatenated into one buffer).
 _PACKABLE = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
              "uint16", "uint32", "uint64")
@@ -205,7 +206,7 @@ class _Walk:
             for i in inputs:
                 lv, src = self.memo[i.name]
                 level, sources = max(level, lv), sources | src
-            if node.type in _PLACEHOLDERS or (node.op_def is not None and node.op_def.is_stateful
+            if node.type in PLACEHOLDERS or (node.op_def is not None and node.op_def.is_stateful
                                               and node.type not in _NOT_SOURCES):
                 sources.add(node.name)
             if node.name in self.by_op:

@@ -42,7 +42,6 @@ log = logging.getLogger("tfcluster")
 #: Stateful ops a stage may run: reading the input, and reading tables by rows.
 _STAGEABLE_STATEFUL = frozenset({"IteratorGetNext", "IteratorGetNextSync", "ResourceGather", "LookupTableFindV2",
                                  "LookupTableSizeV2", "Assert"})
-_PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
 
 
 class Staging:
@@ -70,9 +69,8 @@ class Staging:
                 by_device.setdefault(crossing.device_of(op), op)
             todo.extend(op.control_inputs)
         left = []
-        for (device, _, _), put in zip(self._areas, self.puts):
+        for put in self.puts:
             op = by_device.get(crossing.device_of(put))
-            log.debug("prefetch: the put on %s runs from %s", device, op.name if op is not None else "the step")
             if op is None:
                 left.append(put)
             else:
@@ -144,7 +142,7 @@ def _stage_ops(ends):
         op = stack.pop()
         if op in stage:
             continue
-        if op.type in _PLACEHOLDERS:
+        if op.type in crossing.PLACEHOLDERS:
             return stage, f"its lookups' ids depend on the fed value {op.name}"
         if op._get_control_flow_context() is not None:       # noqa: SLF001 (TF's only way to ask)
             return stage, f"its lookups' ids are computed inside control flow ({op.name})"
