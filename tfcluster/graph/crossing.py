@@ -283,17 +283,19 @@ def _task(device: str):
 
 
 def _device(name: str) -> str:
-    return _tf().DeviceSpec.from_string(name or "").to_string()
-
-
-def device_of(op) -> str:
-    """``op``'s device, spelled one way: ``/job:ps/task:0``, ``/job:ps/replica:0/task:0`` and
-    ``/job:ps/task:0/device:CPU:0`` are one device (a task's ops go to its first CPU unless placed)."""
-    spec = _tf().DeviceSpec.from_string(op.device or "")
+    """A device name spelled one way: ``/job:ps/task:0``, ``/job:ps/replica:0/task:0`` and
+    ``/job:ps/task:0/device:CPU:0`` are one device (a task's ops go to its first CPU unless placed; on a GPU task
+    an op placed there reaches that CPU by a local copy, never across the wire)."""
+    spec = _tf().DeviceSpec.from_string(name or "")
     if not spec.job:
         return spec.to_string()
     return spec.replace(replica=None, device_type=spec.device_type or "CPU",
                         device_index=spec.device_index or 0).to_string()
+
+
+def device_of(op) -> str:
+    """``op``'s device, spelled one way (:func:`_device`)."""
+    return _device(op.device)
 
 
 def _pack(graph, src: str, dst: str, members: list, number: int):
