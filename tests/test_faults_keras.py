@@ -8,6 +8,7 @@ the ps):
 - a worker killed: the other trains on; restarted, it rejoins the model as it stands;
 - the ps killed: the workers say so at once; the chief restores the last checkpoint into the restarted ps,
   and the updates lost are those since it;
+- the ps killed while the chief waits at its fit's end for the other's: it recovers and the run ends whole;
 - the chief gone for good: the worker names it within ``chief_timeout_secs`` and stops (exit 3), and the
   ps still exits;
 - the ps stopped (SIGSTOP, a hung host): the workers name it after ``step_timeout_secs`` and go on once it
@@ -143,6 +144,28 @@ def test_keras_workers_notice_a_killed_ps_at_once_and_the_chief_restores_the_las
     reliability("keras: updates lost to the ps kill (checkpoint every 1 s)", lost, "updates")
     reliability("keras: seconds from the ps kill to the restore", t_restored - f["ps_kill_t"], "s")
     assert lost >= 0
+
+
+# ==================================================== the ps lost while the chief waits for the others
+@pytest.mark.timeout(240)
+def test_a_ps_killed_while_the_keras_chief_waits_for_the_others_is_recovered_and_the_run_ends_whole(procs, tmp_path):
+    # worker:0 fits 2 epochs (16 batches), worker:1 12: the chief waits at its fit's end, reading the trainers'
+    # count on the ps, when the ps dies. It recovers as in a step and counts itself again (the restored ps
+    # starts the count at 0), so the run ends once worker:1's fit does. CI saw the chief crash here instead.
+    run = keras_local(procs, tmp_path, "--max-restarts", "1", "--timeout", "200",
+                      job=["--epochs", "12", "--chief-epochs", "2", "--step-sleep", "0.05", "--save-secs", "1",
+                           "--ckpt", str(tmp_path / "ckpt")])
+    t_last, _ = run.wait_for(r"^\[worker:0\] worker:0 batch 16 \(", 150)
+    run.wait_for(r"^\[worker:1\] worker:1 batch \d+ \(", 60, after=t_last + 0.3)     # worker:1 still trains
+    t_kill = time.monotonic()
+    os.kill(launched_pid(run, "ps:0"), signal.SIGKILL)
+    assert run.finish(timeout=180) == 0, run.tail(60)
+    assert run.matches(r"^\[tfcluster\] done: 2 trainer\(s\) succeeded; restarts: ps:0 1$"), run.tail(5)
+    assert run.matches(r"\[worker:0\] .*warning: worker:0 lost its session \(\w+Error: ", after=t_kill)
+    assert run.matches(r"\[worker:0\] .*worker:0 counts its end again", after=t_kill)
+    ends = [int(m.group(1)) for _, m in run.matches(r"\] worker:\d ends with updates (\d+)$")]
+    assert len(ends) == 2 and ends[0] == ends[1], ends
+    assert no_process_left([int(m.group(1)) for _, m in run.matches(r"started \(pid (\d+)\)")], timeout=10)
 
 
 # ================================================================ the chief gone

@@ -16,6 +16,7 @@ import numpy as np
 
 p = argparse.ArgumentParser()
 p.add_argument("--epochs", type=int, required=True)
+p.add_argument("--chief-epochs", type=int, default=None, help="worker:0's epochs (default: --epochs)")
 p.add_argument("--ckpt", default=None, help="checkpoint dir (default: the run's)")
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--save-secs", type=float, default=60.0)
@@ -60,7 +61,8 @@ class Log(tf_keras.callbacks.Callback):
 
 
 try:
-    tfcluster.keras.fit(model, x, y, epochs=args.epochs, batch_size=32, verbose=0, callbacks=[Log()],
+    epochs = args.chief_epochs if args.chief_epochs is not None and name == "worker:0" else args.epochs
+    tfcluster.keras.fit(model, x, y, epochs=epochs, batch_size=32, verbose=0, callbacks=[Log()],
                         checkpoint_dir=args.ckpt, save_checkpoint_secs=args.save_secs,
                         step_timeout_secs=args.step_timeout, chief_timeout_secs=args.chief_timeout)
 except tfcluster.TfclusterError as e:   # as examples/digits.py: one line and the error's exit code

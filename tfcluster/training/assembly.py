@@ -157,7 +157,8 @@ class RunAssembly:
         ``increment_secs``) and ``chief`` hooks, the chief's heartbeat, and
         ``after`` last.
         """
-        hooks = trainers_done(train_graph, self.cluster, self.is_chief, self.name, still_secs=still_secs, **waits)
+        hooks = trainers_done(train_graph, self.cluster, self.is_chief, self.name, session, still_secs=still_secs,
+                              **waits)
         hooks += list(own) + ([summary] if summary is not None else [])
         if saver is not None:
             self.checkpoints = checkpoint_hook(session.call, saver, self.checkpoint_dir, train_graph.global_step,

@@ -216,11 +216,17 @@ class TrainersDone(Hook):
     ``still_secs``: stop waiting once the global step has not moved for that
     long (the missing trainers died; ``fit`` and the Estimator, whose trainers
     stop within a step of each other, not Keras, whose validation runs no step).
+    ``session``: the training session, whose recovering ``call`` runs the
+    counter's reads: a ps lost while a trainer waits here is recovered as in a
+    step, and the trainer counts itself again, since the restored ps starts
+    the counter (not checkpointed) at 0.
     """
 
-    def __init__(self, train_graph, trainers: int, is_chief: bool, name: str, *, every_trainer_waits: bool = False,
-                 still_secs: Optional[float] = None, what: str = "training"):
+    def __init__(self, train_graph, trainers: int, is_chief: bool, name: str, session, *,
+                 every_trainer_waits: bool = False, still_secs: Optional[float] = None, what: str = "training"):
         self.train_graph, self.number, self.trainers = train_graph, next(_ends_counted[what]), trainers
+        self.session = session
+        self._counted_in = None     # the session's recovery count when this trainer was last counted
         self.waits = is_chief or every_trainer_waits
         self.is_chief, self.name, self.still_secs, self.what = is_chief, name, still_secs, what
         self.at_most = FINISH_TIMEOUT_SECS
@@ -240,9 +246,15 @@ class TrainersDone(Hook):
         """A SIGTERM stops every trainer at once: wait only briefly for the others."""
         self.at_most = 5.0
 
+    def _counted(self) -> int:
+        """Count this trainer's end on the ps; the count with it."""
+        done = int(self.session.call(lambda s: s.run(self._count)))
+        self._counted_in = self.session.recoveries
+        return done
+
     def end(self, session):
         """Count this trainer's end, then wait for the others' (before the checkpoint hook's end)."""
-        done = int(session.run(self._count))
+        done = self._counted()
         if not self.waits:
             return
         started = moved = time.monotonic()
@@ -262,16 +274,20 @@ class TrainersDone(Hook):
                 log.info("%s waits for %d trainer(s) to finish their %s (%.0fs)", self.name, self.trainers - done,
                          self.what, waited)
             time.sleep(0.1)
-            done, gs = (int(v) for v in session.run(self._read))
+            done, gs = (int(v) for v in self.session.call(lambda s: s.run(self._read)))
+            if self.session.recoveries != self._counted_in:
+                log.info("%s counts its end again: the ps restored from a checkpoint does not hold the count",
+                         self.name)
+                done = self._counted()
             if gs != step:
                 step, moved = gs, time.monotonic()
 
 
-def trainers_done(train_graph, cluster, is_chief: bool, name: str, **options) -> list:
+def trainers_done(train_graph, cluster, is_chief: bool, name: str, session, **options) -> list:
     """``[TrainersDone(...)]`` where the trainers share a global step on a ps, else ``[]`` (nothing to wait for)."""
     if cluster is None or cluster.num_replicas < 2 or "/job:ps" not in train_graph.global_step.device:
         return []
-    return [TrainersDone(train_graph, cluster.num_replicas, is_chief, name, **options)]
+    return [TrainersDone(train_graph, cluster.num_replicas, is_chief, name, session, **options)]
 
 
 class SummaryHook(Hook):
