@@ -7,11 +7,17 @@ looked-up row gets a gradient of exactly 1 in every coordinate; Adagrad (lr 0.1,
 row updated k times the accumulator 0.1 + k and the weights ``w0 - 0.1 * sum(1 / sqrt(0.1 + j), j = 1..k)``. A
 save that took a row's weights and its accumulator from different moments breaks that equation
 (tests/test_embedding_variables.py checks every row of every checkpoint).
+
+worker:1 starts training once the chief has saved its first checkpoint: a chief slow to start (its first save
+compiles the save ops; CI's loaded machine took seconds) let worker:1 run almost all 600 steps alone, and the
+run ended with 2 saves instead of about 30.
 """
 
+import glob
 import json
 import os
 import sys
+import time
 
 import tfcluster
 
@@ -24,6 +30,19 @@ BATCH, IDS, LR = 32, 200, 0.1
 
 def workers() -> int:
     return len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("worker", [None]))
+
+
+def task_index() -> int:
+    return json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+
+
+def wait_for_first_save(checkpoint_dir: str, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while not glob.glob(os.path.join(checkpoint_dir, "model.ckpt-*.index")):
+        if time.monotonic() > deadline:
+            sys.exit(f"worker:{task_index()}: no checkpoint in {checkpoint_dir} after {timeout:g}s of waiting "
+                     "for the chief's first save")
+        time.sleep(0.05)
 
 
 def model_fn(features, labels, mode):
@@ -41,6 +60,8 @@ def input_fn(ctx):
 
 def main():
     tf1.disable_eager_execution()
+    if task_index() > 0:
+        wait_for_first_save(sys.argv[1])
     result = tfcluster.fit(model_fn, input_fn, steps=600, batch_size=None,
                            optimizer=lambda: tf1.train.AdagradOptimizer(LR, initial_accumulator_value=0.1),
                            checkpoint_dir=sys.argv[1], save_checkpoint_steps=20, save_checkpoint_secs=None,
