@@ -395,6 +395,15 @@ def profiles(quick):
     return out
 
 
+def machine() -> str:
+    """The machine in one line, with the CPU's bfloat16 flags: the bfloat16 rows' ratios depend on them (AMX
+    multiplies bfloat16 tiles; AVX512-BF16 alone about doubles the float32 rate)."""
+    from tfcluster.graph.precision import BF16_FLAGS, cpu_flags
+    flags = [f for f in BF16_FLAGS if f in cpu_flags()]
+    return (f"{platform.machine()}, {os.cpu_count()} cores ({', '.join(flags) or 'no bfloat16 flags'}), "
+            f"Python {platform.python_version()}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one short repeat of the core rows (CI smoke run)")
@@ -425,7 +434,7 @@ def main():
     thr = {k: [cluster_throughput(r) for r in v] for k, v in runs.items()}
     figs = figures(runs, thr, extra)
     meta.update(date=datetime.date.today().isoformat(), mode="quick" if a.quick else "full",
-                machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+                machine=machine(),
                 command="python " + " ".join(["scripts/bench.py"] + sys.argv[1:]),
                 seconds=round(time.time() - started, 1),
                 layouts={k: next((r["layout"] for r in v if r), "") for k, v in runs.items()})

@@ -25,7 +25,7 @@ PANELS = {
     "stream": "click stream, ids drifting 0.5 an example (scripts/clicklog.py --drift): embedding variables "
               "(CounterFilter(2), GlobalStepEvict(100)) against H = 50,000, 2 workers, 2 ps",
     "accuracy": "README example (digits): test accuracy points, bfloat16 - float32 wire",
-    "math": "bfloat16 math / float32 math (oneDNN's automatic mixed precision; AVX512-BF16, no AMX here)",
+    "math": "bfloat16 math / float32 math (oneDNN's automatic mixed precision; the CPU's flags in the title)",
 }
 
 #: Colours: tfcluster in one, each peer in its own (Paul Tol's bright scheme, readable when printed grey).

@@ -5,9 +5,10 @@ the float32 rate. TF's grappler pass ``auto_mixed_precision_onednn_bfloat16``
 rewrites a graph's matrix products and convolutions, and the elementwise ops
 between them, to bfloat16, with casts at the edges; variables, their updates
 and optimizer state stay float32 (the pass never changes a variable's type).
-Measured here (2 cores with AVX512-BF16, no AMX; one thread, graph mode): the
-bench's MLP 784-512-10 trained 1.45 times as many examples a second, the
-5.8M-parameter MLP 1.4-1.9 times (batch 64 to 256).
+Measured on 2 cores (one thread, graph mode; scripts/bench.py, B5 and B6):
+with AVX512-BF16 and AMX the 5.8M-parameter MLP trained 1.54 times as many
+examples a second and the tutorials' CNN 1.81 times; with AVX512-BF16 alone
+1.71 and 1.35.
 
 ``math`` (``tfcluster local --math``, :data:`MATH_ENV`): ``"auto"`` (the
 default) turns it on where ``/proc/cpuinfo`` lists ``avx512_bf16`` or
