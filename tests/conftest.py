@@ -19,7 +19,7 @@ import time
 import psutil
 import pytest
 
-from tfcluster.topology.ports import pick_free_ports
+from held_ports import HeldPorts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,10 +109,12 @@ def kill_tree(pid, sig=signal.SIGKILL):
 
 
 class Procs:
-    """Starts child processes for a test and, whatever happens, leaves none behind."""
+    """Starts child processes for a test and, whatever happens, leaves none behind; :attr:`ports` gives ports
+    held until a child's server answers on them (tests/held_ports.py: children need ``held_ports.REUSE``)."""
 
     def __init__(self):
         self.started = []
+        self.ports = HeldPorts()
 
     def start(self, cmd, env=None, **kw):
         """Popen ``cmd`` in its own session with pipes; remembered for cleanup."""
@@ -139,6 +141,7 @@ class Procs:
         return [q for q in out if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
 
     def cleanup(self):
+        self.ports.release()
         for p in self.started:
             if p.returncode is None:        # not reaped yet, so the number is still this process's
                 kill_tree(p.pid)
@@ -175,8 +178,11 @@ def procs():
 
 @pytest.fixture
 def ports():
-    """A function that returns n distinct free ports on localhost."""
-    return lambda n: pick_free_ports(n)
+    """``ports(n)``: n distinct free ports on localhost, each held until a server answers on it (its child needs
+    ``held_ports.REUSE`` in its environment), the rest until the test ends (tests/held_ports.py)."""
+    held = HeldPorts()
+    yield held
+    held.release()
 
 
 def data_files(checkpoint_dir, step=None) -> list:

@@ -16,6 +16,7 @@ import textwrap
 import pytest
 
 from conftest import TFCLUSTER, base_env, no_process_left, run_cli, wait_until
+from held_ports import REUSE
 from tfcluster.cli import build_parser, cluster_from_args
 from tfcluster.topology.cluster import Cluster, Task, parse_address
 from tfcluster.core.errors import TfclusterError
@@ -195,21 +196,23 @@ ECHO = "import os, sys; print('argv', sys.argv[1:]); print('tf_config', os.envir
 def test_start_runs_the_command_with_tf_config_and_no_legacy_flags_unless_asked(ports):
     p0, p1 = ports(2)
     hosts = ["--worker", f"localhost:{p0},localhost:{p1}", "--job", "worker", "--task", "1"]
-    plain = run_cli("start", *hosts, "--", sys.executable, "-c", ECHO.format(code=0), "--lr", "1")
+    plain = run_cli("start", *hosts, "--", sys.executable, "-c", ECHO.format(code=0), "--lr", "1",
+                    env=base_env(**REUSE))
     assert plain.returncode == 0, plain.stderr
     assert "argv ['--lr', '1']" in plain.stdout
     tf_config = json.loads(plain.stdout.split("tf_config ", 1)[1].splitlines()[0])
     assert tf_config == {"cluster": {"worker": [f"localhost:{p0}", f"localhost:{p1}"]},
                          "task": {"type": "worker", "index": 1}}
 
-    legacy = run_cli("start", *hosts, "--legacy-flags", "job-task", "--", sys.executable, "-c", ECHO.format(code=0))
+    legacy = run_cli("start", *hosts, "--legacy-flags", "job-task", "--", sys.executable, "-c", ECHO.format(code=0),
+                     env=base_env(**REUSE))
     assert "argv ['--job_name=worker', '--task_index=1']" in legacy.stdout
 
 
 def test_start_says_in_one_line_that_a_loopback_address_does_not_keep_the_server_off_the_network(ports):
     (p0,) = ports(1)
     r = run_cli("start", "--worker", f"localhost:{p0}", "--job", "worker", "--task", "0", "--", sys.executable,
-                "-c", "pass")
+                "-c", "pass", env=base_env(**REUSE))
     notes = [line for line in r.stderr.splitlines() if "every interface" in line]
     assert len(notes) == 1 and notes[0].endswith(
         f"tfcluster: note: worker:0's server listens on port {p0} of every interface, not only localhost, with no "
@@ -221,7 +224,8 @@ def test_start_runs_a_script_given_without_dashes_with_this_python(ports, tmp_pa
     (p0,) = ports(1)
     script = tmp_path / "echo.py"
     script.write_text(ECHO.format(code=0))
-    result = run_cli("start", "--worker", f"localhost:{p0}", "--job", "worker", "--task", "0", script, "--lr", "1")
+    result = run_cli("start", "--worker", f"localhost:{p0}", "--job", "worker", "--task", "0", script, "--lr", "1",
+                     env=base_env(**REUSE))
     assert result.returncode == 0, result.stderr
     assert "argv ['--lr', '1']" in result.stdout
 
@@ -229,7 +233,7 @@ def test_start_runs_a_script_given_without_dashes_with_this_python(ports, tmp_pa
 def test_start_exits_with_the_code_of_its_command(ports):
     (p0,) = ports(1)
     result = run_cli("start", "--worker", f"localhost:{p0}", "--job", "worker", "--task", "0", "--",
-                     sys.executable, "-c", ECHO.format(code=7), env=raw_env())
+                     sys.executable, "-c", ECHO.format(code=7), env=raw_env(**REUSE))
     assert result.returncode == 7
     assert "worker:0 exited with code 7" in result.stderr
     assert "Traceback" not in result.stderr
@@ -238,7 +242,7 @@ def test_start_exits_with_the_code_of_its_command(ports):
 def test_start_names_a_command_that_cannot_run(ports):
     (p0,) = ports(1)
     result = run_cli("start", "--worker", f"localhost:{p0}", "--job", "worker", "--task", "0", "--",
-                     "/no/such/program", env=raw_env())
+                     "/no/such/program", env=raw_env(**REUSE))
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == "tfcluster: error: cannot run '/no/such/program': No such file or directory"
 
@@ -250,7 +254,7 @@ SLEEPER = "import time; print('ready', flush=True); time.sleep(120)"
 def test_a_signal_to_start_reaches_its_command_and_leaves_no_process(procs, ports, sig, code):
     (p0,) = ports(1)
     start = procs.cli("start", "--worker", f"localhost:{p0}", "--job", "worker", "--task", "0", "--",
-                      sys.executable, "-c", SLEEPER, env=raw_env())
+                      sys.executable, "-c", SLEEPER, env=raw_env(**REUSE))
     wait_until(lambda: start.stdout.readline().strip() == "ready", 30, "the command to print 'ready'")
     pids = [p.pid for p in procs.descendants()]
     assert len(pids) == 2

@@ -137,7 +137,7 @@ if __name__ == "__main__":
 
 # ============================================================= the tests
 from conftest import TFCLUSTER, Procs, base_env  # noqa: E402
-from tfcluster.topology.ports import pick_free_ports  # noqa: E402
+from held_ports import REUSE  # noqa: E402
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.slow
@@ -149,7 +149,7 @@ class Run:
 
     def __init__(self, tmp, procs, ps=0, workers=2, **cfg):
         self.tmp, self.procs = tmp, procs
-        ports = pick_free_ports(ps + workers)
+        ports = procs.ports(ps + workers)
         self.cluster = {"worker": [f"localhost:{p}" for p in ports[:workers]]}
         if ps:
             self.cluster["ps"] = [f"localhost:{p}" for p in ports[workers:]]
@@ -172,7 +172,7 @@ class Run:
 
     def _start(self, name, cmd, env):
         with open(self.tmp / f"{name}.log", "w") as out:
-            self.p[name] = self.procs.start(cmd, env=base_env(**env), stdout=out, stderr=out)
+            self.p[name] = self.procs.start(cmd, env=base_env(**REUSE, **env), stdout=out, stderr=out)
 
     def log(self, name) -> str:
         path = self.tmp / f"{name}.log"

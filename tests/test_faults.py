@@ -33,8 +33,8 @@ import time
 import pytest
 
 from conftest import TFCLUSTER, Procs, base_env, no_process_left
+from held_ports import REUSE
 from jobs.stream import Stream
-from tfcluster.topology.ports import pick_free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIT_JOB = [sys.executable, os.path.join(HERE, "jobs", "fit_job.py")]
@@ -206,15 +206,17 @@ class HandCluster:
     """1 ps (``tfcluster start``) + 2 workers (``python fit_job.py`` with TF_CONFIG), started by hand."""
 
     def __init__(self, procs, tmp, *job_args):
-        p = pick_free_ports(3)
+        p = procs.ports(3)
         self.cluster = {"worker": [f"localhost:{p[0]}", f"localhost:{p[1]}"], "ps": [f"localhost:{p[2]}"]}
         spec = tmp / "cluster.json"
         spec.write_text(json.dumps(self.cluster))
         self.ckpt = str(tmp / "ckpt")
-        self.ps = Stream(procs.start(TFCLUSTER + ["start", "--cluster", spec, "--job", "ps", "--task", "0"]), "ps")
+        self.ps = Stream(procs.start(TFCLUSTER + ["start", "--cluster", spec, "--job", "ps", "--task", "0"],
+                                     env=base_env(**REUSE)), "ps")
         self.w = [Stream(procs.start(FIT_JOB + ["--ckpt", self.ckpt, *job_args],
                                      env=base_env(TF_CONFIG=json.dumps({"cluster": self.cluster, "task": {
-                                         "type": "worker", "index": i}}))), f"worker:{i}") for i in range(2)]
+                                         "type": "worker", "index": i}}), **REUSE)), f"worker:{i}")
+                  for i in range(2)]
 
 
 BY_HAND_STEP = r"step \d+ \(global (\d+)\)"

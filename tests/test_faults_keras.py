@@ -27,8 +27,8 @@ import time
 import pytest
 
 from conftest import TFCLUSTER, Procs, base_env, no_process_left
+from held_ports import REUSE
 from jobs.stream import Stream
-from tfcluster.topology.ports import pick_free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERAS_JOB = [sys.executable, os.path.join(HERE, "jobs", "keras_job.py")]
@@ -172,15 +172,17 @@ def test_a_ps_killed_while_the_keras_chief_waits_for_the_others_is_recovered_and
 @pytest.mark.timeout(240)
 def test_a_keras_chief_gone_for_good_is_named_by_the_worker_in_bounded_time_and_the_ps_still_exits(
         procs, tmp_path, reliability):
-    addrs = [f"localhost:{p}" for p in pick_free_ports(3)]
+    addrs = [f"localhost:{p}" for p in procs.ports(3)]
     cluster = {"worker": addrs[:2], "ps": addrs[2:]}
     spec = tmp_path / "cluster.json"
     spec.write_text(json.dumps(cluster))
-    ps = Stream(procs.cli("start", "--cluster", str(spec), "--job", "ps", "--task", "0"), "ps:0")
+    ps = Stream(procs.cli("start", "--cluster", str(spec), "--job", "ps", "--task", "0", env=base_env(**REUSE)),
+                "ps:0")
     w = [Stream(procs.start(KERAS_JOB + ["--epochs", "1000", "--step-sleep", "0.05", "--save-secs", "1",
                                          "--chief-timeout", "5", "--ckpt", str(tmp_path / "ckpt")],
                             env=base_env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker",
-                                                                                             "index": i}}))),
+                                                                                             "index": i}}),
+                                         **REUSE)),
                 f"worker:{i}") for i in range(2)]
     wait_updates(w[1], 30, 150, task="worker:1")
     w[0].wait_for(r"worker:0 saved checkpoint model\.ckpt-\d+", 60)

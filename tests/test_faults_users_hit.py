@@ -28,8 +28,8 @@ import time
 import pytest
 
 from conftest import TFCLUSTER, base_env
+from held_ports import REUSE
 from jobs.stream import Stream
-from tfcluster.topology.ports import pick_free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIT_JOB = [sys.executable, os.path.join(HERE, "jobs", "fit_job.py")]
@@ -85,13 +85,14 @@ class HandCluster:
 
     def __init__(self, procs, tmp, *job_args, workers=2):
         self.ckpt = str(tmp / "ckpt")
-        addrs = [f"localhost:{p}" for p in pick_free_ports(workers + 1)]
+        addrs = [f"localhost:{p}" for p in procs.ports(workers + 1)]
         self.cluster = {"worker": addrs[:workers], "ps": addrs[workers:]}
         spec = tmp / "cluster.json"
         spec.write_text(json.dumps(self.cluster))
-        self.ps = Stream(procs.cli("start", "--cluster", str(spec), "--job", "ps", "--task", "0"), "ps:0")
+        self.ps = Stream(procs.cli("start", "--cluster", str(spec), "--job", "ps", "--task", "0",
+                                   env=base_env(**REUSE)), "ps:0")
         self.w = [Stream(procs.start(FIT_JOB + ["--ckpt", self.ckpt, *job_args], env=base_env(
-            TF_CONFIG=json.dumps({"cluster": self.cluster, "task": {"type": "worker", "index": i}}))),
+            TF_CONFIG=json.dumps({"cluster": self.cluster, "task": {"type": "worker", "index": i}}), **REUSE)),
             f"worker:{i}") for i in range(workers)]
 
 

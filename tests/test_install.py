@@ -20,6 +20,7 @@ from importlib import metadata
 import pytest
 
 from conftest import REPO, base_env, run_cli
+from held_ports import REUSE
 import tfcluster
 from tfcluster.core import tfguard
 
@@ -183,7 +184,7 @@ def test_two_tensorflow_builds_installed_give_one_warning_line_per_run(tmp_path)
 def test_another_tensorflow_version_gives_one_warning_line(tmp_path, ports):
     (real, _), = list(tfguard.installed_builds().items())[:1]
     fake_distribution(tmp_path / "dists", real, "2.20.0")       # found first on the path: it shadows the real one
-    env = base_env(PYTHONPATH=f"{tmp_path / 'dists'}{os.pathsep}{base_env()['PYTHONPATH']}")
+    env = base_env(PYTHONPATH=f"{tmp_path / 'dists'}{os.pathsep}{base_env()['PYTHONPATH']}", **REUSE)
     (port,) = ports(1)
     r = run_cli("start", "--worker", f"localhost:{port}", "--job", "worker", "--task", "0", "--", sys.executable,
                 "-c", "pass", env=env)

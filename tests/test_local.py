@@ -23,7 +23,6 @@ from conftest import Procs, base_env, kill_tree, live_process, no_process_left, 
 from tfcluster import Task
 from tfcluster.core import posix
 from tfcluster.launch import Ending, LaunchConfig, LocalLauncher
-from tfcluster.topology.ports import pick_free_ports
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 PY = sys.executable
@@ -411,7 +410,7 @@ def test_legacy_flags_reach_every_task_and_the_launcher_ends_a_ps_that_never_exi
 
 def test_a_cluster_file_with_a_master_and_a_job_of_no_role_starts_every_task_the_master_first(procs, tmp_path):
     # TF 1.x's ClusterSpec takes any job name: Estimator's "master", the tutorials' in-graph "local".
-    p = pick_free_ports(4)
+    p = procs.ports(4)
     spec = {"ps": [f"localhost:{p[0]}"], "master": [f"localhost:{p[1]}"], "worker": [f"localhost:{p[2]}"],
             "local": [f"localhost:{p[3]}"]}
     (tmp_path / "c.json").write_text(json.dumps(spec))

@@ -79,3 +79,27 @@ def test_a_port_someone_listens_on_is_not_free_and_its_holder_is_named():
         s.close()
     assert port_is_free(port)
     assert port_holder(port) is None
+
+
+def test_the_suites_held_ports_stay_bound_until_a_server_answers_on_them_and_never_answered_ones_until_released():
+    # tests/held_ports.py: how every test that starts servers on ports of its own holds them.
+    from conftest import wait_until
+    from held_ports import HeldPorts
+    held = HeldPorts()
+    served, silent = held(2)
+    try:
+        assert held.held == sorted([served, silent])
+        with pytest.raises(OSError):
+            plain_bind(served)                  # nothing else can take them meanwhile
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            server.bind(("", served))           # as a child with TF_GRPC_REUSE_PORT=1 binds beside the hold
+            server.listen()
+            wait_until(lambda: held.held == [silent], 10, f"the hold of port {served} to be let go")
+        finally:
+            server.close()
+        assert port_is_free(served) and not port_is_free(silent)
+    finally:
+        held.release()
+    assert held.held == [] and port_is_free(silent)

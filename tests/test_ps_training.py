@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import TFCLUSTER, Procs, base_env, data_files, kill_tree, wait_until
-from tfcluster.topology.ports import pick_free_ports
+from held_ports import REUSE
 
 tf = pytest.importorskip("tensorflow")
 
@@ -37,7 +37,7 @@ class Run:
 
     def __init__(self, tmp, procs, workers=2, ps=1, **cfg):
         self.tmp, self.procs = tmp, procs
-        p = [f"localhost:{port}" for port in pick_free_ports(workers + ps)]
+        p = [f"localhost:{port}" for port in procs.ports(workers + ps)]
         self.cluster = {"worker": p[:workers], "ps": p[workers:]}
         self.cluster_file = tmp / "cluster.json"
         self.cluster_file.write_text(json.dumps(self.cluster))
@@ -64,7 +64,7 @@ class Run:
     def ps(self, index=0, name="ps", wrap=()):
         """Start ps ``index``; ``wrap``: a command it runs under (a private mount namespace)."""
         return self._start(name, list(wrap) + TFCLUSTER + ["start", "--cluster", self.cluster_file, "--job", "ps",
-                                                           "--task", str(index)], base_env())
+                                                           "--task", str(index)], base_env(**REUSE))
 
     def task(self, name, job_name, index, cfg=None, **env):
         """Start a trainer or the evaluator; ``cfg`` overrides this run's job config for it."""
@@ -74,7 +74,7 @@ class Run:
         if cfg:
             cfg_file = self.tmp / f"cfg_{name}.json"
             cfg_file.write_text(json.dumps(dict(self.cfg, **cfg)))
-        return self._start(name, JOB + [cfg_file], base_env(TF_CONFIG=json.dumps(tf_config), **env))
+        return self._start(name, JOB + [cfg_file], base_env(TF_CONFIG=json.dumps(tf_config), **REUSE, **env))
 
     def wait_all(self, timeout, names=None):
         """Exit codes of the named processes; stops early when one fails (the others would only stall)."""

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from conftest import base_env, no_process_left, run_cli, wait_until
+from held_ports import REUSE
 import tfcluster
 from tfcluster.cli.start import _started_as_the_cli
 from tfcluster.topology.cluster import Cluster, Task
@@ -96,13 +97,13 @@ def test_a_started_ps_and_a_worker_script_compute_across_processes_and_the_ps_th
     script = tmp_path / "worker.py"
     script.write_text(PS_AND_WORKER_SCRIPT)
 
-    ps = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0", env=raw_env())
+    ps = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0", env=raw_env(**REUSE))
     # Started by hand, the ps starts again at once, in place, with glibc asking for huge pages for its tables.
     if huge_pages_pending({}):
         wait_until(lambda: "glibc.malloc.hugetlb=1" in psutil.Process(ps.pid).environ().get("GLIBC_TUNABLES", ""),
                    20, "the ps to start again with glibc.malloc.hugetlb=1")
     worker = procs.cli("start", "--cluster", spec, "--job", "worker", "--task", "0", "--",
-                       sys.executable, str(script))
+                       sys.executable, str(script), env=base_env(**REUSE))
     out, _ = worker.communicate(timeout=120)
     pids = family_pids(ps)
 
@@ -178,7 +179,7 @@ def test_a_worker_without_its_ps_gives_up_within_its_timeout_naming_the_ps_and_i
     cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]}, ("worker", 0))
     script = tmp_path / "wait.py"
     script.write_text(WAIT_SCRIPT)
-    worker = procs.start([sys.executable, str(script)], env=base_env(TF_CONFIG=cluster.tf_config()))
+    worker = procs.start([sys.executable, str(script)], env=base_env(TF_CONFIG=cluster.tf_config(), **REUSE))
     out, _ = worker.communicate(timeout=100)
 
     assert worker.returncode == 0, out
@@ -195,7 +196,7 @@ def test_a_worker_without_its_ps_gives_up_within_its_timeout_naming_the_ps_and_i
 def test_a_hosted_worker_without_its_ps_fails_in_one_line_naming_the_ps(ports):
     p_ps, p_w = ports(2)
     result = run_cli("start", "--ps", f"localhost:{p_ps}", "--worker", f"localhost:{p_w}",
-                     "--job", "worker", "--task", "0", "--timeout", "3", env=raw_env(), timeout=100)
+                     "--job", "worker", "--task", "0", "--timeout", "3", env=raw_env(**REUSE), timeout=100)
 
     assert result.returncode == 3, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -214,8 +215,8 @@ def test_sigterm_ends_a_hosted_ps_and_worker_with_exit_0_and_frees_their_ports(t
     p_ps, p_w = ports(2)
     cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]})
     spec = write_cluster(tmp_path, cluster)
-    ps = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0", env=raw_env())
-    worker = procs.cli("start", "--cluster", spec, "--job", "worker", "--task", "0", env=raw_env())
+    ps = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0", env=raw_env(**REUSE))
+    worker = procs.cli("start", "--cluster", spec, "--job", "worker", "--task", "0", env=raw_env(**REUSE))
     wait_up(cluster, Task("ps", 0))
     wait_up(cluster, Task("worker", 0))
     pids = family_pids(ps, worker)
@@ -310,7 +311,7 @@ def test_a_ps_counts_every_trainers_done_token_however_it_arrives_against_its_lo
     # A dequeue whose run timed out as a token arrived took the token and dropped it: the ps never counted that
     # trainer and served on for ever (CI-24's sync run). 300 tokens, each within a few ms of one of the ps's looks.
     r = subprocess.run([sys.executable, "-c", DONE_TOKENS_SCRIPT, str(ports(1)[0]), "300"], capture_output=True,
-                       text=True, timeout=100, cwd=str(tmp_path), env=base_env())
+                       text=True, timeout=100, cwd=str(tmp_path), env=base_env(**REUSE))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ENDED DONE" in r.stdout, r.stdout + r.stderr[-2000:]
 

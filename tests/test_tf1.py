@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, base_env, run_cli, run_local
+from held_ports import REUSE
 from test_tf1_gaps import run_tf1
 from tfcluster.core.errors import DataError
 from tfcluster.data import load_digits, write_idx
@@ -480,8 +481,9 @@ def test_four_flags_script_trains_async_with_tf_layers_and_the_ps_is_ended(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.timeout(280)
-def test_two_flag_script_with_hard_coded_ports_runs_in_graph_and_joined_workers_are_ended(tmp_path, mnist_dir):
-    ps, w0, w1 = pick_free_ports(3)
+def test_two_flag_script_with_hard_coded_ports_runs_in_graph_and_joined_workers_are_ended(tmp_path, mnist_dir,
+                                                                                           ports):
+    ps, w0, w1 = ports(3)
     with open(os.path.join(LEGACY, "hardcoded_ingraph.py")) as f:
         text = f.read()
     for marker, value in (("__PS_PORT__", ps), ("__WORKER0_PORT__", w0), ("__WORKER1_PORT__", w1),
@@ -525,8 +527,8 @@ def test_queue_runner_input_trains_from_a_csv_through_shuffle_batch(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(280)
-def test_a_script_that_never_stops_is_ended_by_the_timeout_with_exit_124(tmp_path, mnist_dir):
-    ps, worker = pick_free_ports(2)
+def test_a_script_that_never_stops_is_ended_by_the_timeout_with_exit_124(tmp_path, mnist_dir, ports):
+    ps, worker = ports(2)
     spec = tmp_path / "c.json"
     spec.write_text(json.dumps({"ps": [f"localhost:{ps}"], "worker": [f"localhost:{worker}"]}))
     code, out = run_local(tmp_path, "--tf1", "--cluster", spec, "--legacy-flags=all",
@@ -542,13 +544,13 @@ def test_a_script_that_never_stops_is_ended_by_the_timeout_with_exit_124(tmp_pat
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_start_tf1_runs_a_worker_in_tf1_mode_beside_a_hosted_ps(procs, tmp_path, mnist_dir):
-    ps, w0 = pick_free_ports(2)
+    ps, w0 = procs.ports(2)
     spec = tmp_path / "cluster.json"
     spec.write_text(json.dumps({"ps": [f"localhost:{ps}"], "worker": [f"localhost:{w0}"]}))
-    ps_proc = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0")
+    ps_proc = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0", env=base_env(**REUSE))
     worker = procs.cli("start", "--tf1", "--cluster", spec, "--job", "worker", "--task", "0",
                        "--legacy-flags=all", "--", "python", os.path.join(LEGACY, "never_stops.py"),
-                       "--data_dir", mnist_dir)
+                       "--data_dir", mnist_dir, env=base_env(**REUSE))
     lines = []
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and len(_losses("\n".join(lines), "")) < 4:

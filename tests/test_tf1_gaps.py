@@ -22,8 +22,8 @@ import pytest
 
 import forks
 from conftest import REPO, base_env
+from held_ports import REUSE
 from tfcluster.topology.cluster import Cluster
-from tfcluster.topology.ports import pick_free_ports
 
 PY = sys.executable
 TF1 = [PY, "-m", "tfcluster.tf1"]
@@ -127,14 +127,16 @@ def test_a_false_duplicate_in_a_queue_runners_step_is_rerun_and_training_never_r
 @pytest.mark.timeout(240)
 def test_a_non_chief_that_starts_after_its_chief_exited_still_ends_with_the_session_fixes(procs, tmp_path):
     script = os.path.join(LEGACY, "compat_v1_mts.py")
-    ports = pick_free_ports(3)
-    cluster = Cluster.local(ps=1, workers=2, ports=ports)
+    cluster = Cluster.local(ps=1, workers=2, ports=procs.ports(3))
     spec = tmp_path / "c.json"
     spec.write_text(cluster.to_json())
     flags = ["--ps_hosts", cluster.jobs["ps"][0], "--worker_hosts", ",".join(cluster.jobs["worker"])]
-    procs.cli("start", "--cluster", str(spec), "--job", "ps", "--task", "0", "--no-exit-when-done")
-    host = procs.cli("start", "--cluster", str(spec), "--job", "worker", "--task", "1")   # worker:1's server only
-    chief = subprocess.run([PY, script, *flags, "--job_name", "worker", "--task_index", "0"], env=base_env(),
+    procs.cli("start", "--cluster", str(spec), "--job", "ps", "--task", "0", "--no-exit-when-done",
+              env=base_env(**REUSE))
+    host = procs.cli("start", "--cluster", str(spec), "--job", "worker", "--task", "1",    # worker:1's server only
+                     env=base_env(**REUSE))
+    chief = subprocess.run([PY, script, *flags, "--job_name", "worker", "--task_index", "0"],
+                           env=base_env(**REUSE),
                            capture_output=True, text=True, timeout=120)
     assert chief.returncode == 0 and "worker 0: done" in chief.stdout, chief.stderr[-3000:]
     host.terminate()

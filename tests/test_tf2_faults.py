@@ -22,9 +22,9 @@ import time
 import pytest
 
 from conftest import REPO, TFCLUSTER, base_env
+from held_ports import REUSE
 from jobs.stream import Stream
 from tfcluster.tf2.faults import HEARTBEAT_TIMEOUT_SECS
-from tfcluster.topology.ports import pick_free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -35,11 +35,12 @@ LOST = (r"^tfcluster: error: worker:(\d): worker:(\d) (?:{how}): the all-reduce 
 
 def by_hand(procs, tmp, name):
     """Two TF2-mode trainers of PROGRAM on TF_CONFIG, each a Stream, training until killed."""
-    cluster = {"worker": [f"localhost:{p}" for p in pick_free_ports(2)]}
+    cluster = {"worker": [f"localhost:{p}" for p in procs.ports(2)]}
     return [Stream(procs.start([sys.executable, "-m", "tfcluster.tf2", PROGRAM, "--backup", str(tmp / name),
                                 "--epochs", "1000", "--batch-sleep", "0.05"],
                                env=base_env(TF_CONFIG=json.dumps({"cluster": cluster,
-                                                                  "task": {"type": "worker", "index": i}}))),
+                                                                  "task": {"type": "worker", "index": i}}),
+                                            **REUSE)),
                    f"{name} worker:{i}") for i in range(2)]
 
 
