@@ -33,7 +33,8 @@ def test_sleeps(i):
 def ran(tmp_path, files, seconds=None):
     """Run ``files`` (name -> (serial?, number of tests)) on two workers, with ``seconds`` (file name -> seconds)
     as the recorded seconds per file; the tests' starts and ends in order."""
-    shutil.copy(os.path.join(REPO, "tests", "conftest.py"), tmp_path / "conftest.py")
+    for name in ("conftest.py", "held_ports.py"):         # conftest.py and the helper it imports
+        shutil.copy(os.path.join(REPO, "tests", name), tmp_path / name)
     if seconds:
         (tmp_path / "file_seconds.json").write_text(json.dumps({f"test_{k}.py": v for k, v in seconds.items()}))
     with open(os.path.join(REPO, "pytest.ini")) as f:
