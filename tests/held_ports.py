@@ -15,9 +15,9 @@ picks them free and holds nothing; ports written only into malformed specs
 (tests/test_bad_input.py) are never bound.
 """
 
-import socket
 import threading
 
+from tfcluster.tf2.servers import answers
 from tfcluster.topology.ports import REUSE_ENV, PortReservation
 
 #: What a child binding a held port needs in its environment.
@@ -25,15 +25,6 @@ REUSE = dict(REUSE_ENV)
 
 #: How often the watcher asks whether a held port answers.
 POLL_SECS = 0.05
-
-
-def answers(port: int, host: str = "localhost") -> bool:
-    """True when a TCP connection to ``host:port`` is accepted (a server listens there)."""
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 class HeldPorts:
@@ -64,7 +55,7 @@ class HeldPorts:
     def _watch(self):
         while not self._stop.wait(POLL_SECS):
             for port in self.held:
-                if answers(port):
+                if answers(f"localhost:{port}", timeout=0.5):
                     with self._lock:
                         hold = self._held.pop(port, None)
                     if hold is not None:

@@ -28,12 +28,15 @@ tf1 = tf.compat.v1
 BATCH, IDS, LR = 32, 200, 0.1
 
 
+TF_CONFIG = json.loads(os.environ.get("TF_CONFIG", "{}"))
+
+
 def workers() -> int:
-    return len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("worker", [None]))
+    return len(TF_CONFIG.get("cluster", {}).get("worker", [None]))
 
 
 def task_index() -> int:
-    return json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+    return TF_CONFIG.get("task", {}).get("index", 0)
 
 
 def wait_for_first_save(checkpoint_dir: str, timeout: float = 120.0):
