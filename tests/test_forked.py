@@ -88,7 +88,7 @@ import json, os, signal, sys, time
 print("pid", os.getpid(), flush=True)
 first = os.environ["TFCLUSTER_RESTART_COUNT"] == "0"
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-printed = os.environ.get("WAIT_FOR_RESTART")      # a file worker:0 makes once its first pid line is out
+printed = os.environ.get("WORKER0_PRINTED")      # a file worker:0 makes once its first pid line is out
 if index == 0 and first and printed:
     open(printed, "w").close()
     time.sleep(60)      # still running when worker:1 dies: the trainers (no ps) restart together
@@ -108,7 +108,7 @@ def test_a_forked_task_killed_by_sigkill_is_forked_again_and_the_run_completes(t
     (tmp_path / "crash.py").write_text(CRASHES_ONCE)
     code, out = run_local(tmp_path, "--tf1", "--ps", "0", "--workers", "2", "--max-restarts", "1",
                           "--", "python", "crash.py", timeout=150,
-                          env=base_env(WAIT_FOR_RESTART=str(tmp_path / "worker0-printed")))
+                          env=base_env(WORKER0_PRINTED=str(tmp_path / "worker0-printed")))
     assert code == 0, out[-3000:]
     assert "worker:1 was killed by SIGKILL" in out, out[-3000:]
     for worker in (0, 1):           # no ps: an all-reduce group, restarted together
