@@ -68,8 +68,10 @@ def keras_faults(tmp_path_factory):
     """One async Keras run under ``tfcluster local --max-restarts 1``: worker:1 is killed, then the ps."""
     procs = Procs()
     tmp = tmp_path_factory.mktemp("keras_faults")
+    until = tmp / "stop"        # made once the run showed what the tests read: it trains as long as that takes
     run = keras_local(procs, tmp, "--max-restarts", "1", "--timeout", "280",
-                      job=["--epochs", "15", "--step-sleep", "0.05", "--save-secs", "1", "--ckpt", str(tmp / "ckpt")])
+                      job=["--epochs", "1000", "--until", str(until), "--step-sleep", "0.05", "--save-secs", "1",
+                           "--ckpt", str(tmp / "ckpt")])
     f = run.facts = {}
     try:
         wait_updates(run, 40, 150)
@@ -90,7 +92,11 @@ def keras_faults(tmp_path_factory):
         f["ps_kill_updates"] = max(n for *_, n in updates(run, before=f["ps_kill_t"] + 0.5))
         f["saves_before_ps_kill"] = [int(m.group(1)) for _, m in run.matches(
             r"\[worker:0\] .*saved checkpoint model\.ckpt-(\d+)", before=f["ps_kill_t"])]
-        run.code = run.finish(timeout=240)
+        t_restored, _ = run.wait_for(r"\[worker:0\] .*worker:0 restored the model from ", 120, after=f["ps_kill_t"])
+        for task in ("worker:0", "worker:1"):      # both train on the restored ps before the run ends
+            wait_updates(run, 0, 120, task=task, after=t_restored)
+        until.touch()
+        run.code = run.finish(timeout=120)
     finally:
         run.pids = [int(m.group(1)) for _, m in run.matches(r"started \(pid (\d+)\)")]
         procs.cleanup()

@@ -3,7 +3,9 @@
 New code, as docs/estimator.md shows it: a compiled tf-keras model trained with ``tfcluster.keras.fit`` in
 whatever role TF_CONFIG gives it. A callback logs every batch with the update count the optimizer reads on
 the ps (``worker:0 batch 12 (updates 30)``), so a test can read where the run stood at a fault; the
-session's options (checkpoint period, step and chief timeouts) are ``fit``'s keywords.
+session's options (checkpoint period, step and chief timeouts) are ``fit``'s keywords. ``--until FILE`` ends
+training once the test made FILE, so a fault test's run lasts as long as its faults take, however loaded the
+machine (CI saw a fixed epoch count run out before a slow restart was done).
 """
 
 import argparse
@@ -17,6 +19,7 @@ import numpy as np
 p = argparse.ArgumentParser()
 p.add_argument("--epochs", type=int, required=True)
 p.add_argument("--chief-epochs", type=int, default=None, help="worker:0's epochs (default: --epochs)")
+p.add_argument("--until", default=None, help="stop training after the batch in which this file exists")
 p.add_argument("--ckpt", default=None, help="checkpoint dir (default: the run's)")
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--save-secs", type=float, default=60.0)
@@ -58,6 +61,8 @@ class Log(tf_keras.callbacks.Callback):
         updates = int(tf_keras.backend.get_value(self.model.optimizer.iterations))
         print(f"{name} batch {self.batches} (updates {updates})", flush=True)
         time.sleep(args.step_sleep)
+        if args.until and os.path.exists(args.until):
+            self.model.stop_training = True
 
 
 try:
