@@ -332,14 +332,16 @@ def test_every_save_during_async_training_holds_each_row_s_weights_and_slots_of_
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_a_deeprec_wide_and_deep_program_runs_unchanged_in_tf1_mode_on_two_ps(tmp_path, reliability):
     # DeepRec's names: categorical_column_with_embedding with EmbeddingVariableOption(CounterFilter(2),
     # GlobalStepEvict(100)) under embedding_column; the DNN on Adagrad, the hashed wide part on Ftrl.
+    # 75 s alone on 2 cores, 60 of them building the graph, the first save and the first step's executor (not the
+    # 300 steps): beside another test file on a loaded CI machine it passed 220 s, so the bounds leave room.
     ckpt = tmp_path / "ckpt"
-    code, out = run_local(tmp_path, "--tf1", "--ps", "2", "--workers", "2", "--timeout", "220", "--", sys.executable,
+    code, out = run_local(tmp_path, "--tf1", "--ps", "2", "--workers", "2", "--timeout", "400", "--", sys.executable,
                           DEEPREC, "--checkpoint_dir", str(ckpt), "--data_dir", str(tmp_path / "data"), "--steps",
-                          "300", "--incremental_ckpt", "1", timeout=280)
+                          "300", "--incremental_ckpt", "1", timeout=460)
     assert code == 0, out[-4000:]
     final = json.loads(re.search(r"FINAL (.*)", out).group(1))
     assert final["step"] >= 300 and final["eval_loss"] < 0.52, final     # a constant guess scores 0.56
