@@ -95,16 +95,18 @@ def test_a_step_s_tensors_to_and_from_the_ps_travel_in_one_tensor_per_kind_and_t
     with graph.as_default(), tf.compat.v1.Session(target, graph=graph) as s:
         s.run([tf.compat.v1.global_variables_initializer(), t["iterator"].initializer])
         assert crossing.pending(graph) == 0                     # packed before the session first sent the graph
-        got, traffic = [], None
+        got, transfers = [], []
         for _ in range(steps):
             (loss, _), traffic = _traced(s, [t["loss"], t["train"]])
             got.append(loss)
+            transfers += traffic.transfers
         got_table, got_w = np.concatenate(s.run(t["parts"])), s.run(t["w"])
     np.testing.assert_allclose(got, losses, rtol=1e-6)
     np.testing.assert_allclose(got_table, table, rtol=1e-6)
     np.testing.assert_allclose(got_w, w, rtol=1e-6)
-    sent = {x.tensor for x in traffic.transfers if x.nbytes and x.dst == "ps:0"}
-    came = {x.tensor for x in traffic.transfers if x.nbytes and x.src == "ps:0"}
+    # Over every traced step: a step's trace now and then lacks a RecvTensor record (1 run in 8 on main).
+    sent = {x.tensor for x in transfers if x.nbytes and x.dst == "ps:0"}
+    came = {x.tensor for x in transfers if x.nbytes and x.src == "ps:0"}
     # To the ps: the two parts' ids in one tensor, and every gradient (both parts' rows, w, b) in one; back: the
     # parts' rows in one and the weights in one. TF's control edges carry no bytes.
     assert len(sent) == 2 and all(name.endswith("/sent") for name in sent), sent
