@@ -115,6 +115,41 @@ def test_a_distinct_lookup_gives_tf_s_rows_and_gradients_and_sums_duplicates_bef
     assert sum(len(g.indices) for g in got[2][0]) == 6 and sum(len(g.indices) for g in got[2][1]) == 3
 
 
+@pytest.mark.parametrize("parts", [1, 2])
+def test_a_lookup_of_a_column_of_ids_adds_no_shape_arithmetic_and_its_gradient_is_tf_s(monkeypatch, parts):
+    # A Keras Embedding's or a feature's ids are a column: their rows come back in its order as they are, and
+    # the gradient of each part is the rows' gradient as it came (no shape read, no reshape on the ps, every step).
+    import tensorflow as tf
+    from tfcluster.graph import sparse
+    tf1 = tf.compat.v1
+    ids = np.array([3, 1, 3, 7, 3, 1])
+    graph, session = _graph_session()
+    with graph.as_default():
+        with tf1.variable_scope("t", partitioner=tf1.fixed_size_partitioner(parts) if parts > 1 else None):
+            table = tf1.get_variable("table", [10, 4], initializer=tf1.random_uniform_initializer(seed=1))
+        pieces = list(table) if parts > 1 else [table]
+        weights = tf.constant(np.arange(24, dtype=np.float32).reshape(6, 4))
+        reference = tf1.nn.embedding_lookup(table, ids)
+        reference_grads = tf.gradients(tf.reduce_sum(reference * weights), pieces)
+        before = {op.name for op in graph.get_operations()}
+        monkeypatch.setattr(sparse, "on_ps", lambda params: True)     # as if the parts were on a ps
+        distinct = sparse.distinct_lookup(sparse.original_lookup())(table, ids)
+        grads = tf.gradients(tf.reduce_sum(distinct * weights), pieces)
+        added = [op.type for op in graph.get_operations() if op.name not in before and "embedding_lookup" in op.name]
+        session.run(tf1.global_variables_initializer())
+        got = session.run([reference, distinct, reference_grads, grads])
+    np.testing.assert_array_equal(got[0], got[1])
+    assert distinct.shape.as_list() == [6, 4]
+    for shaping in ("Reshape", "Shape", "VariableShape", "ConcatV2"):
+        assert shaping not in added, added
+    for tf_grad, ours in zip(got[2], got[3]):
+        dense = [np.zeros(tf_grad.dense_shape), np.zeros(ours.dense_shape)]
+        for k, g in enumerate((tf_grad, ours)):
+            np.add.at(dense[k], g.indices, g.values)
+        np.testing.assert_allclose(dense[0], dense[1])
+        assert len(ours.indices) == len(set(ours.indices.tolist()))      # each id once
+
+
 def _by_id(parts, strategy):
     """A table's rows in id order, from its parts' values (in part order) as ``strategy`` looks them up."""
     if strategy == "div" or len(parts) == 1:

@@ -70,8 +70,10 @@ def distinct_lookup(lookup):
             return lookup(params, ids, partition_strategy, name, validate_indices, max_norm)   # TF's own error
         with tf.compat.v1.name_scope(name, "embedding_lookup"):
             ids = tf.convert_to_tensor(ids)
-            rows, position = _distinct_rows(parts_of(params), ids, partition_strategy, max_norm)
-            gathered = tf.gather(rows, position)
+            rows, position, count = _distinct_rows(parts_of(params), ids, partition_strategy, max_norm)
+            gathered = _to_batch(rows, position, count)
+            if ids.shape.rank == 1:     # a column of ids (a Keras Embedding's, a feature's): rows in its order
+                return gathered
             out = tf.reshape(gathered, tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
             out.set_shape(ids.shape.concatenate(rows.shape[1:]))
             return out
@@ -89,7 +91,7 @@ class _Split:
     def __init__(self, parts, ids, strategy):
         import tensorflow as tf
         n = len(parts)
-        distinct, self.position = tf.unique(tf.reshape(ids, [-1]))
+        distinct, self.position = tf.unique(ids if ids.shape.rank == 1 else tf.reshape(ids, [-1]))
         self.count = tf.size(distinct)
         if n == 1:
             self.local, self.order = [distinct], None
@@ -98,6 +100,14 @@ class _Split:
             self.local = tf.dynamic_partition(local, which, n)
             self.order = tf.dynamic_partition(tf.range(self.count), which, n)
         self._on = {}
+        self._sizes = {}
+
+    def size(self, index: int):
+        """How many ids part ``index`` is asked for (int32 scalar, on the reading side)."""
+        import tensorflow as tf
+        if index not in self._sizes:
+            self._sizes[index] = self.count if self.order is None else tf.size(self.local[index])
+        return self._sizes[index]
 
     def ids_on(self, index: int, device: str):
         """Part ``index``'s ids, read on ``device`` (its ps), marked distinct for the optimizers."""
@@ -134,22 +144,66 @@ def _part_gather_gradient(op, grad):
     """TF's gather gradient (``ResourceGather``; ``GatherV2`` of a reference variable), made next to the part:
     TF's makes its reshapes wherever ``tf.gradients`` is called (a worker, unless gradients are colocated with
     their ops), so rows that crossed to the ps would cross back and forth again; and its indices are the ids as
-    the lookup marked them distinct."""
+    the lookup marked them distinct. Where the part's shape is static and the rows' gradient already has its
+    width (a lookup's always has), that gradient is the update as it is: no shape read, no reshape, every step."""
     import tensorflow as tf
     from tensorflow.python.ops import resource_variable_ops
     resource = op.type == "ResourceGather"
     with op.graph.colocate_with(op, ignore_existing=True):
-        shape = resource_variable_ops.variable_shape(op.inputs[0]) if resource else tf.shape(op.inputs[0])
         if isinstance(grad, tf.IndexedSlices):
             grad = tf.convert_to_tensor(grad)
+        static = _static_variable_shape(op.inputs[0]) if resource else op.inputs[0].shape
+        if static.is_fully_defined() and grad.shape.rank == 2 and grad.shape[1:] == static[1:]:
+            return (tf.IndexedSlices(grad, op.inputs[1], tf.constant(static.as_list(), tf.int32)),) + \
+                (None,) * (len(op.inputs) - 1)
+        shape = resource_variable_ops.variable_shape(op.inputs[0]) if resource else tf.shape(op.inputs[0])
         values = tf.reshape(grad, tf.concat([tf.shape(op.inputs[1])[:1], shape[1:]], 0))
     return (tf.IndexedSlices(values, op.inputs[1], shape),) + (None,) * (len(op.inputs) - 1)
 
 
-def _register_gather_gradient():
+def _static_variable_shape(handle):
+    """The shape a resource variable's handle was made with (its ``VarHandleOp``'s), or an unknown shape."""
+    import tensorflow as tf
+    op = handle.op
+    while op.type == "Identity" and op.inputs:
+        op = op.inputs[0].op
+    if op.type != "VarHandleOp":
+        return tf.TensorShape(None)
+    return tf.TensorShape(op.get_attr("shape"))
+
+
+#: The gradient of the gather that puts a batch's distinct rows back in the batch's order.
+_TO_BATCH_GRADIENT = "TfclusterToBatch"
+
+#: The distinct-row count of each such gather, by graph: ``{graph: {op name: int32 scalar}}``.
+_COUNTS = weakref.WeakKeyDictionary()
+
+
+def _to_batch(rows, position, count):
+    """``rows`` (a batch's distinct rows) gathered into the batch's order; its gradient sums each id's rows into
+    one (a segment sum over the ``count`` distinct ids), where TF's makes indexed slices of a row per id, their
+    shapes, and a dense conversion (the same sum) wherever they meet the stitch of the parts."""
+    import tensorflow as tf
+    graph = rows.graph
+    _register_gradient(_TO_BATCH_GRADIENT, _to_batch_gradient)
+    with graph.gradient_override_map({"GatherV2": _TO_BATCH_GRADIENT}):
+        gathered = tf.gather(rows, position)
+    _COUNTS.setdefault(graph, {})[gathered.op.name] = count
+    return gathered
+
+
+def _to_batch_gradient(op, grad):
+    import tensorflow as tf
+    if isinstance(grad, tf.IndexedSlices):
+        grad = tf.convert_to_tensor(grad)
+    count = _COUNTS[op.graph][op.name]
+    return (tf.math.unsorted_segment_sum(grad, op.inputs[1], count),) + (None,) * (len(op.inputs) - 1)
+
+
+def _register_gradient(name, function):
     import tensorflow as tf
     try:
-        tf.RegisterGradient(_GATHER_GRADIENT)(_part_gather_gradient)
+        tf.RegisterGradient(name)(function)
     except KeyError:  # registered already (one registry per process)
         pass
 
@@ -171,12 +225,12 @@ def _split_of(parts, ids, strategy) -> "_Split":
 
 
 def _distinct_rows(parts, ids, strategy, max_norm):
-    """``(rows of the batch's distinct ids, each id's position among them)``: each part's rows gathered on its ps
-    from ids that crossed once, and crossing back (in 16 bits where its wire is, graph/wire.py)."""
+    """``(rows of the batch's distinct ids, each id's position among them, how many)``: each part's rows gathered
+    on its ps from ids that crossed once, and crossing back (in 16 bits where its wire is, graph/wire.py)."""
     import tensorflow as tf
     from tensorflow.python.ops import embedding_ops
     tf1 = tf.compat.v1
-    _register_gather_gradient()
+    _register_gradient(_GATHER_GRADIENT, _part_gather_gradient)
     split = _split_of(parts, ids, strategy)
     narrow = wire.rows_wire(parts)
     graph = ids.graph
@@ -192,16 +246,15 @@ def _distinct_rows(parts, ids, strategy, max_norm):
                 part_rows = wire.pack(part_rows, narrow)[0]
         width = part_rows.shape[1:]
         # The reader knows how many rows come back (the ids it sent) and their width: a pack splits by that.
-        shape = tf.concat([tf.shape(split.local[index])[:1], width.as_list()], 0) \
-            if width.is_fully_defined() else None
+        shape = tf.stack([split.size(index)] + width.as_list()) if width.is_fully_defined() else None
         read = crossing.cross(part_rows, "", shape=shape, gradient=wire.gradient_way(narrow) if narrow else None,
                               kind="rows")
         rows.append(wire.unpack(read, None) if narrow else read)
     if split.order is None:
-        return rows[0], split.position
+        return rows[0], split.position, split.count
     stitched = tf.dynamic_stitch(split.order, rows)
     stitched.set_shape(tf.TensorShape([None]).concatenate(rows[0].shape[1:]))
-    return stitched, split.position
+    return stitched, split.position, split.count
 
 
 #: The ids tensors tfcluster's lookups made distinct, by graph: a sparse update of such ids needs no second
