@@ -99,15 +99,9 @@ class _Split:
             which, local = _deal(parts, distinct, strategy)
             self.local = tf.dynamic_partition(local, which, n)
             self.order = tf.dynamic_partition(tf.range(self.count), which, n)
+        #: How many ids each part is asked for (int32 scalars, on the reading side).
+        self.sizes = [self.count] if n == 1 else [tf.size(local) for local in self.local]
         self._on = {}
-        self._sizes = {}
-
-    def size(self, index: int):
-        """How many ids part ``index`` is asked for (int32 scalar, on the reading side)."""
-        import tensorflow as tf
-        if index not in self._sizes:
-            self._sizes[index] = self.count if self.order is None else tf.size(self.local[index])
-        return self._sizes[index]
 
     def ids_on(self, index: int, device: str):
         """Part ``index``'s ids, read on ``device`` (its ps), marked distinct for the optimizers."""
@@ -246,7 +240,7 @@ def _distinct_rows(parts, ids, strategy, max_norm):
                 part_rows = wire.pack(part_rows, narrow)[0]
         width = part_rows.shape[1:]
         # The reader knows how many rows come back (the ids it sent) and their width: a pack splits by that.
-        shape = tf.stack([split.size(index)] + width.as_list()) if width.is_fully_defined() else None
+        shape = tf.stack([split.sizes[index]] + width.as_list()) if width.is_fully_defined() else None
         read = crossing.cross(part_rows, "", shape=shape, gradient=wire.gradient_way(narrow) if narrow else None,
                               kind="rows")
         rows.append(wire.unpack(read, None) if narrow else read)
