@@ -148,6 +148,33 @@ def test_one_lookup_s_update_runs_no_second_deduplication_on_the_ps(target):
     assert "Unique" not in ps_ops and "UnsortedSegmentSum" not in ps_ops, ps_ops
 
 
+def test_a_pack_splits_by_the_row_counts_each_side_knows_and_reads_no_shape_on_the_ps(target):
+    # Rows and their gradients split by the ids each side sent or read times the rows' width, ids by the counts
+    # they carry in front, vectors need no reshape: no shape read, product or cast of one in a step's packs.
+    import re
+
+    import tensorflow as tf
+
+    from tfcluster.graph.traffic import task_of
+    graph, t = _model("counted", on_cluster=True)
+    meta = tf.compat.v1.RunMetadata()
+    with graph.as_default(), tf.compat.v1.Session(target, graph=graph) as s:
+        s.run([tf.compat.v1.global_variables_initializer(), t["iterator"].initializer])
+        s.run(t["train"], options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+              run_metadata=meta)
+    ran = [(task_of(dev.device), node.node_name, re.match(r"\S+ = (\w+)", node.timeline_label).group(1))
+           for dev in meta.step_stats.dev_stats for node in dev.node_stats
+           if re.match(r"\S+ = (\w+)", node.timeline_label)]
+    packs = [(task, name, kind) for task, name, kind in ran if "tfcluster_pack" in name]
+    assert {task for task, _, _ in packs} == {"ps:0", "worker:0"}, packs
+    assert not [p for p in packs if p[2] in ("Shape", "Prod", "Cast")], packs
+    assert not [r for r in ran if r[0] == "ps:0" and r[2] in ("Shape", "VariableShape")], ran
+    # Only matrices are flattened and shaped again, once on each side each way: 2 parts' rows and w, 2 x 2 x 3;
+    # the ids and b are vectors.
+    reshapes = [p for p in packs if p[2] == "Reshape"]
+    assert len(reshapes) == 12, reshapes
+
+
 def _staged(name, lr=0.1):
     """The cluster model with its lookups staged one step ahead; ``(graph, tensors, staging)``."""
     import tensorflow as tf

@@ -123,7 +123,7 @@ class EmbeddingVariable:
                     k = crossing.cross(sent, part.device)
                     c = crossing.cross(c, part.device) if self.trainable else c
                     r = part.read(k)
-                rows.append(crossing.cross(r, "", shape=tf.stack([tf.size(sent), self.dim]), kind="rows"))
+                rows.append(crossing.cross(r, "", shape=[tf.size(sent), self.dim], kind="rows"))
                 if self.trainable:
                     of_graph(self.graph)["lookups"].append((self, part, k, c, r))
             found = tf.dynamic_stitch(positions, rows)

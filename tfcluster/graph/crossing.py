@@ -34,6 +34,7 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 """
 
 import contextlib
+import math
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -64,7 +65,18 @@ class Crossing:
     shape: object = None            #: its shape as the reader can compute it, where not fully known statically
     gradient: object = None         #: ``(narrow, widen)`` of its gradient's way back, or None: as it is
     kind: str = ""                  #: what crosses: "rows" of a lookup (graph/prefetch.py stages them), or ""
+    sent_shape: object = None       #: its shape as the sending side can compute it (its gradient's way back)
     packed: bool = False
+
+    def shape_tensors(self) -> list:
+        """The tensors :attr:`shape` is computed from (a shape tensor, or a row count beside fixed dims)."""
+        return [s for s in _as_list(self.shape) if hasattr(s, "op")]
+
+
+def _as_list(shape) -> list:
+    if shape is None:
+        return []
+    return list(shape) if isinstance(shape, (list, tuple)) else [shape]
 
 
 @dataclass
@@ -105,12 +117,15 @@ def _register_gradient():
         pass
 
 
-def cross(tensor, device: str, shape=None, gradient=None, kind: str = ""):
+def cross(tensor, device: str, shape=None, gradient=None, kind: str = "", sent_shape=None):
     """``tensor`` as read on ``device`` (a device name; "" for the current device scope), through one crossing.
 
-    ``shape``: the tensor's shape as a tensor computed on the reading side, where the static shape is not fully
-    known (a pack splits its pieces by it); without one, only integer tensors of unknown size pack (they carry
-    their sizes). Where ``tensor`` already lives on ``device``'s task and device, it is returned as it is.
+    ``shape``: the tensor's shape computed on the reading side, where the static shape is not fully known (a
+    pack splits its pieces by it): a shape tensor, or a list of a row count (a scalar tensor) and the fixed
+    sizes of the other dimensions, which splits and reshapes a pack without shape arithmetic. Without one,
+    only integer tensors of unknown size pack (they carry their sizes). ``sent_shape``: the same, computed on
+    the sending side, for the gradient's way back (else that side reads the tensor's shape). Where ``tensor``
+    already lives on ``device``'s task and device, it is returned as it is.
     """
     tf = _tf()
     tf1 = tf.compat.v1
@@ -127,7 +142,7 @@ def cross(tensor, device: str, shape=None, gradient=None, kind: str = ""):
     if _same_device(tensor.op.device, read.op.device):
         return read
     state = _state(graph)
-    c = Crossing(tensor, read, shape, gradient, kind)
+    c = Crossing(tensor, read, shape, gradient, kind, sent_shape)
     with state.lock:
         state.crossings.append(c)
         state.by_op[read.op.name] = c
@@ -157,8 +172,10 @@ def _crossing_gradient(op, grad):
         narrowed, widen = (c.gradient[0](grad), c.gradient[1]) if c.gradient else ([grad], None)
     shape = None
     if not c.sent.shape.is_fully_defined():
-        with graph.colocate_with(c.sent.op, ignore_existing=True):
-            shape = tf.shape(c.sent)
+        shape = c.sent_shape
+        if shape is None:
+            with graph.colocate_with(c.sent.op, ignore_existing=True):
+                shape = tf.shape(c.sent)
     back = [cross(t, c.sent.op.device, shape=shape if t.shape.rank else None) for t in narrowed]
     if widen is None:
         return back[0]
@@ -306,7 +323,7 @@ def _pack(graph, src: str, dst: str, members: list, number: int):
     sized = [c for c in members if not c.sent.shape.is_fully_defined() and c.shape is None]
     with graph.colocate_with(None, ignore_existing=True), tf1.name_scope(f"tfcluster_pack_{number}/"):
         with tf1.device(src):
-            flat = [tf.reshape(c.sent, [-1]) for c in members]
+            flat = [c.sent if c.sent.shape.rank == 1 else tf.reshape(c.sent, [-1]) for c in members]
             head = [tf.stack([tf.size(f, out_type=dtype) for c, f in zip(members, flat) if c in sized])] \
                 if sized else []
             sent = tf.concat(head + flat, 0, name="sent")
@@ -314,28 +331,41 @@ def _pack(graph, src: str, dst: str, members: list, number: int):
             received = tf.identity(sent, name="received")
             sizes, trailing = _sizes(received, members, sized)
             body = received[len(sized):] if sized else received
-            for c, piece, shape in zip(members, tf.split(body, sizes), trailing):
-                c.read.op._update_input(0, tf.reshape(piece, shape))  # noqa: SLF001 (see the module doc)
+            for c, piece, shape in zip(members, tf.split(body, sizes, num=len(members)), trailing):
+                if isinstance(shape, list) and len(shape) == 1:     # a vector: its piece is already its shape
+                    piece.set_shape(c.sent.shape)
+                else:
+                    piece = tf.reshape(piece, shape)
+                c.read.op._update_input(0, piece)  # noqa: SLF001 (see the module doc)
 
 
 def _sizes(received, members, sized):
     """``(sizes, shapes)`` the reader splits and reshapes ``received`` by: static where known, else the reader's
-    shape tensor, else the size carried in front of the pack."""
+    row count times the fixed dimensions or its shape tensor, else the size carried in front of the pack."""
     tf = _tf()
+    if sized and len(sized) == len(members):        # every size travels in front: read them as one vector
+        return received[:len(sized)], [[-1] + c.sent.shape[1:].as_list() for c in members]
     sizes, shapes = [], []
     carried = {id(c): i for i, c in enumerate(sized)}
     for c in members:
         static = c.sent.shape
         if static.is_fully_defined():
-            sizes.append(tf.constant(static.num_elements(), tf.int64))
+            sizes.append(static.num_elements())
             shapes.append(static.as_list())
+        elif isinstance(c.shape, (list, tuple)):
+            rows, fixed = c.shape[0], [int(d) for d in c.shape[1:]]
+            width = math.prod(fixed)
+            sizes.append(rows if width == 1 else rows * width)
+            shapes.append([-1] + fixed)
         elif c.shape is not None:
-            sizes.append(tf.reduce_prod(tf.cast(c.shape, tf.int64)))
+            sizes.append(tf.reduce_prod(c.shape))
             shapes.append(c.shape)
         else:
-            sizes.append(tf.cast(received[carried[id(c)]], tf.int64))
+            sizes.append(received[carried[id(c)]])
             shapes.append([-1] + static[1:].as_list())
-    return tf.stack(sizes), shapes
+    tensors = [s for s in sizes if isinstance(s, tf.Tensor)]
+    dtype = tf.int64 if any(s.dtype == tf.int64 for s in tensors) else tf.int32
+    return tf.stack([tf.cast(s, dtype) if isinstance(s, tf.Tensor) else s for s in sizes]), shapes
 
 
 def pending(graph) -> int:

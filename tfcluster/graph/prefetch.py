@@ -120,7 +120,7 @@ def stage(graph, worker: str) -> Optional[Staging]:
     if not rows:
         return None
     # A crossing's shape as its reader computes it splits its pack: it is of the staged batch too.
-    ends = [c.read.op for c in rows] + [c.shape.op for c in rows if c.shape is not None]
+    ends = [c.read.op for c in rows] + [t.op for c in rows for t in c.shape_tensors()]
     ops, why = _stage_ops(ends)
     if why:
         log.info("%s: the next step's rows are not fetched ahead: %s", worker, why)

@@ -238,11 +238,13 @@ def _distinct_rows(parts, ids, strategy, max_norm):
                 part_rows = embedding_ops._clip(part_rows, part_ids, max_norm)   # noqa: SLF001 (TF's rule)
             if narrow:
                 part_rows = wire.pack(part_rows, narrow)[0]
-        width = part_rows.shape[1:]
-        # The reader knows how many rows come back (the ids it sent) and their width: a pack splits by that.
-        shape = tf.stack([split.sizes[index]] + width.as_list()) if width.is_fully_defined() else None
-        read = crossing.cross(part_rows, "", shape=shape, gradient=wire.gradient_way(narrow) if narrow else None,
-                              kind="rows")
+            width = part_rows.shape[1:]
+            # Either side knows how many rows cross (the ids sent, the ids read) and their width: a pack of the
+            # rows, or of their gradient on the way back, splits by that with no shape read.
+            fixed = width.as_list() if width.is_fully_defined() else None
+            there = [tf.size(part_ids)] + fixed if fixed is not None else None
+        read = crossing.cross(part_rows, "", shape=[split.sizes[index]] + fixed if fixed is not None else None,
+                              gradient=wire.gradient_way(narrow) if narrow else None, kind="rows", sent_shape=there)
         rows.append(wire.unpack(read, None) if narrow else read)
     if split.order is None:
         return rows[0], split.position, split.count
