@@ -31,7 +31,10 @@ import os
 import re
 import subprocess
 import sys
+import socket
 import tempfile
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -40,6 +43,7 @@ from conftest import REPO, base_env, run_cli, run_local
 from tfcluster.core.errors import TfclusterError
 from tfcluster.tf2 import tf2_command
 from tfcluster.tf2.names import NAMES, table
+from tfcluster.tf2.servers import CHIEF_GONE_LOOKS, CHIEF_POLL_SECS, wait_for_chief_to_end
 
 pytestmark = pytest.mark.slow
 
@@ -310,6 +314,24 @@ def test_tfs_parameter_server_tutorial_trains_on_the_ps_and_every_task_ends_with
         assert re.search(rf"^\[worker:{i}\] tfcluster: info: worker:{i}: its chief \(chief:0\) ended: "
                          r"server\.join\(\) returns$", out, re.M), out[-4000:]
     assert "[tfcluster] done: 3 trainer(s) succeeded" in out
+
+
+@pytest.mark.timeout(30)
+def test_a_task_in_server_join_sees_a_chief_that_served_for_a_moment_end_and_waits_for_one_not_yet_up():
+    # The fit tutorial's chief serves for about a second (stop 60's CI: a worker that looked once a second
+    # missed all of it and sat in join() until --timeout).
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))               # bound, not listening: nothing answers yet
+    address = "127.0.0.1:%d" % server.getsockname()[1]
+    ended = threading.Event()
+    waiter = threading.Thread(target=lambda: (wait_for_chief_to_end(address), ended.set()), daemon=True)
+    waiter.start()
+    time.sleep(1.5)
+    assert not ended.is_set()                   # a chief not yet up is waited for
+    server.listen()
+    time.sleep(0.5)
+    server.close()                              # served for half a second
+    assert ended.wait(CHIEF_POLL_SECS * (CHIEF_GONE_LOOKS + 2))
 
 
 @pytest.mark.timeout(300)

@@ -6,7 +6,10 @@ in TF they serve for ever, and a job under Slurm, Kubernetes or ``tfcluster
 local`` never ends. Under TF2 mode a task of a cluster with a chief, other than
 the chief, returns from ``join()`` once the chief's address has answered and
 then stopped answering (the chief's process is gone); the program goes on from
-there, normally to its end.
+there, normally to its end. Until the chief first answers, a task looks often:
+a chief whose program is short serves for about a second (TF's parameter-server
+tutorial with ``fit``, tests/test_tf2.py), and a task that looked once a second
+could miss all of it and wait for ever.
 """
 
 import logging
@@ -20,6 +23,8 @@ log = logging.getLogger("tfcluster")
 
 #: Seconds between two looks at whether the chief still answers.
 CHIEF_POLL_SECS = 1.0
+#: Seconds between two looks until the chief first answers (a refused connection costs microseconds).
+CHIEF_FIRST_POLL_SECS = 0.05
 #: Looks in a row at which the chief did not answer before it counts as gone (a busy chief may miss one).
 CHIEF_GONE_LOOKS = 3
 
@@ -34,7 +39,7 @@ def answers(address: str, timeout: float = CHIEF_POLL_SECS) -> bool:
         return False
 
 
-def wait_for_chief_to_end(address: str, poll: float = CHIEF_POLL_SECS):
+def wait_for_chief_to_end(address: str, poll: float = CHIEF_POLL_SECS, first_poll: float = CHIEF_FIRST_POLL_SECS):
     """Return once ``address`` has answered and then not answered ``CHIEF_GONE_LOOKS`` looks in a row."""
     seen, missed = False, 0
     while True:
@@ -44,7 +49,7 @@ def wait_for_chief_to_end(address: str, poll: float = CHIEF_POLL_SECS):
             missed += 1
             if missed >= CHIEF_GONE_LOOKS:
                 return
-        time.sleep(poll)
+        time.sleep(poll if seen else first_poll)
 
 
 def join_until_the_chief_ends(original):
