@@ -22,9 +22,8 @@ import tempfile
 import threading
 import time
 
-from tfcluster.core import posix
 from tfcluster.launch.forked import ForkServer, forkable
-from tfcluster.launch.processes import die_with
+from tfcluster.launch.processes import bound_command
 
 _SERVER = None
 
@@ -35,9 +34,8 @@ def _server(env) -> ForkServer:
     if _SERVER is None:
         fd, log_path = tempfile.mkstemp(prefix="tfcluster-test-forkserver-", suffix=".log")
         os.close(fd)
-        prctl = posix.prctl()
         # As the launcher's own: the server dies with this test worker, even by SIGKILL.
-        _SERVER = ForkServer(env, log_path, die_with=die_with(os.getpid(), prctl) if prctl else None)
+        _SERVER = ForkServer(env, log_path, bind=bound_command)
         _SERVER.start()
         atexit.register(_SERVER.stop)
     return _SERVER

@@ -56,7 +56,7 @@ LAYERS = [
      ("horovod", [["horovod.tensorflow"], ["horovod.optimizers", "horovod.callbacks", "horovod.objects"], ["horovod.keras"],
                   ["horovod"]]),
      ("keras", [["keras.step", "keras.checkpoints", "keras.towers", "keras.collective"], ["keras.session", "keras.graph"], ["keras.fit"], ["keras"]])],
-    [("launch", [["launch.memory", "launch.forked"], ["launch.config", "launch.output", "launch.processes", "launch.result", "launch.task"],
+    [("launch", [["launch.memory", "launch.forked", "launch.exec_bound"], ["launch.config", "launch.output", "launch.processes", "launch.result", "launch.task"],
                  ["launch.isolation", "launch.plan", "launch.restarts"], ["launch.supervisor"], ["launch"]])],
     [("tf1", [["tf1.distribute", "tf1.slim", "tf1.estimator_paths"], ["tf1.contrib", "tf1.mnist", "tf1.mnist_model", "tf1.robust"], ["tf1.overrides"], ["tf1.deeprec"],
               ["tf1"],

@@ -23,6 +23,7 @@ from conftest import Procs, base_env, kill_tree, live_process, no_process_left, 
 from tfcluster import Task
 from tfcluster.core import posix
 from tfcluster.launch import Ending, LaunchConfig, LocalLauncher
+from tfcluster.launch.processes import bound_command
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 PY = sys.executable
@@ -325,6 +326,40 @@ def test_a_launcher_killed_outright_takes_its_tasks_with_it(procs, tmp_path):
         for pid in tasks:  # nobody else would: their launcher is gone (and only now are the numbers theirs)
             kill_tree(pid)
     assert not left, "a task outlived its launcher's SIGKILL"
+
+
+@pytest.mark.timeout(60)
+def test_no_python_and_no_fork_handler_runs_in_a_task_between_the_launchers_fork_and_its_exec(tmp_path):
+    # Python run there (a preexec_fn) ran gRPC's fork handlers too, which crashed a restarted worker with
+    # SIGABRT before it exec'd (CI of 613deb6; grpc/grpc#43055; tfcluster/launch/exec_bound.py).
+    marker = tmp_path / "forked"
+    launcher = f"""
+import os, sys
+os.register_at_fork(after_in_child=lambda: open({str(marker)!r}, "a").write(f"{{os.getpid()}}\\n"))
+from tfcluster.launch import LaunchConfig, LocalLauncher
+result = LocalLauncher(LaunchConfig([sys.executable, "-c", "print('ran')"], ps=0, workers=2)).launch()
+sys.exit(result.exit_code)
+"""
+    done = subprocess.run([PY, "-c", launcher], cwd=tmp_path, env=base_env(), capture_output=True, text=True,
+                          timeout=50)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("] ran") == 2, done.stdout
+    assert not marker.exists(), f"Python ran in forked children {marker.read_text().split()} before exec"
+
+
+def test_a_task_that_cannot_join_its_memory_cgroup_never_runs_but_says_why_in_one_line(tmp_path):
+    missing = tmp_path / "no-such-cgroup" / "cgroup.procs"
+    done = subprocess.run(bound_command([PY, "-c", "print('ran unlimited')"], os.environ, str(missing)),
+                          capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"tfcluster: error: cannot join memory cgroup {missing.parent}: No such file or directory\n"
+
+
+def test_a_command_that_cannot_be_run_is_named_before_anything_starts():
+    with pytest.raises(FileNotFoundError):
+        bound_command(["no-such-program-here"], os.environ)
+    with pytest.raises(PermissionError):
+        bound_command([os.path.abspath(__file__)], os.environ)     # not executable
 
 
 def test_ctrl_c_on_the_launcher_stops_everything_and_exits_130(procs, tmp_path):

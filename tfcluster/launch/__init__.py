@@ -9,6 +9,8 @@ what torchrun is to PyTorch. The pipeline, in the order of its files:
 - :mod:`.processes`: each task in its own process group, its lines prefixed
   with its name (``[worker:1] ...``) and kept in one log file per task, and
   nothing left running at the end;
+- :mod:`.exec_bound`: the first program of each task's process, which binds it
+  to the launcher (and its cgroup) and execs the task's command;
 - :mod:`.output`: whole lines from many tasks, and why a task failed;
 - :mod:`.isolation`: the cluster in its own loopback-only network namespace;
 - :mod:`.forked`: TF1-mode tasks forked from one process that imported

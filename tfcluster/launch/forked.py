@@ -68,10 +68,10 @@ def hosted_server(argv, env) -> bool:
 class ForkServer:
     """The run's preloaded process: started once, it forks each TF1-mode task on request."""
 
-    def __init__(self, env: dict, log_path: str, die_with=None):
+    def __init__(self, env: dict, log_path: str, bind=None):
         self.env = {k: v for k, v in env.items() if k not in TASK_ONLY}
         self.log_path = log_path
-        self._die_with = die_with          # a preexec step: the server dies with the launcher
+        self._bind = bind                  # (argv, env) -> the argv that dies with the launcher
         self._sock: Optional[socket.socket] = None
         self._popen: Optional[subprocess.Popen] = None
         self._lock = threading.Lock()
@@ -83,10 +83,11 @@ class ForkServer:
         """Start the server; it imports in the background while the launcher starts the other tasks."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(self.log_path, "ab") as out:
-            self._popen = subprocess.Popen([sys.executable, "-m", "tfcluster.tf1.forkserver", str(theirs.fileno())],
+            argv = [sys.executable, "-m", "tfcluster.tf1.forkserver", str(theirs.fileno())]
+            self._popen = subprocess.Popen(self._bind(argv, self.env) if self._bind else argv,
                                            env=self.env, stdin=subprocess.DEVNULL, stdout=out,
                                            stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()],
-                                           start_new_session=True, preexec_fn=self._die_with)
+                                           start_new_session=True)
         theirs.close()
         self._sock = mine
 

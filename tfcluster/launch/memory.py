@@ -113,22 +113,10 @@ class Cgroup:
     def _file(self, v1: str, v2: str) -> str:
         return os.path.join(self.path, v1 if self.version == 1 else v2)
 
-    def join_in_child(self):
-        """A Popen preexec step: move the forked child into this cgroup before it execs; exit 1 if it cannot."""
-        procs = os.path.join(self.path, "cgroup.procs")
-
-        def join():
-            try:
-                fd = os.open(procs, os.O_WRONLY)
-                try:
-                    os.write(fd, str(os.getpid()).encode())
-                finally:
-                    os.close(fd)
-            except OSError as e:
-                # Never run unlimited: the launcher names this line as the task's failure.
-                os.write(2, f"tfcluster: error: cannot join memory cgroup {self.path}: {e.strerror}\n".encode())
-                os._exit(1)
-        return join
+    @property
+    def procs(self) -> str:
+        """The file a process writes its pid to to join this cgroup (exec_bound.py does, before the task execs)."""
+        return os.path.join(self.path, "cgroup.procs")
 
     def peak(self) -> Optional[int]:
         """The most memory charged here since the cgroup was made (None where the kernel does not say)."""

@@ -10,12 +10,15 @@ processes the launcher started are ever signalled, by pid or process group.
 """
 
 import collections
+import errno
 import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Optional
@@ -37,29 +40,33 @@ _PIECE_END = re.compile(rb"\r\n|\r|\n")
 _PR_SET_PDEATHSIG = 1
 
 
-def _preexec(*steps):
-    """One Popen preexec_fn running each of ``steps`` that is not None, in order (None when there is none)."""
-    steps = [s for s in steps if s is not None]
-    if not steps:
-        return None
-
-    def preexec():
-        for step in steps:
-            step()
-    return preexec
+#: The program that binds a task to the launcher before it execs the task's command (see its doc).
+EXEC_BOUND = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_bound.py")
 
 
-def die_with(parent_pid: int, prctl):
-    """A Popen preexec_fn: the task is killed when the launcher dies, even by SIGKILL (Linux's prctl).
+def _executable(program: str, env) -> str:
+    """``program`` as exec would find it on ``env``'s PATH; OSError as exec would raise it."""
+    path = program if os.sep in program else shutil.which(program, path=os.pathsep.join(os.get_exec_path(env)))
+    if path is None or not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    return path
 
-    Only the task's own process gets the signal; its descendants are the
-    launcher's to stop while it lives.
+
+def bound_command(argv, env, cgroup_procs: Optional[str] = None) -> list:
+    """``argv`` started through :data:`EXEC_BOUND`: it dies with this launcher, even by SIGKILL (Linux's
+    prctl), after joining the memory cgroup whose ``cgroup.procs`` is ``cgroup_procs``; ``argv`` as it is where
+    there is neither. OSError when ``argv[0]`` cannot be run.
+
+    No Python runs between fork and exec in the launcher (no ``preexec_fn``; exec_bound.py says why). Only the
+    task's own process gets the death signal; its descendants are the launcher's to stop while it lives.
     """
-    def preexec():
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-            os._exit(1)
-    return preexec
+    argv = list(argv)
+    executable = _executable(argv[0], env)
+    if posix.prctl() is None and cgroup_procs is None:
+        return argv
+    return [sys.executable, "-I", "-S", EXEC_BOUND, str(os.getpid()), cgroup_procs or "", executable] + argv
 
 
 def start_tasks(procs, writer, interrupted):
@@ -82,7 +89,6 @@ def fork_tf1_tasks(procs, log_dir: str):
     if not forkable:
         return None
     hosted = [p for p in procs if is_hosted_server(p.argv, p.env)]
-    prctl = posix.prctl()
     # The server's environment is what every forked TF1-mode task's has in common (each gets its own at the fork).
     common = {k: v for k, v in forkable[0].env.items() if all(p.env.get(k) == v for p in forkable[1:])}
     if hosted:
@@ -90,7 +96,7 @@ def fork_tf1_tasks(procs, log_dir: str):
         # a forked ps has the server's, and so have the forked trainers.
         set_huge_pages(common)
     server = ForkServer(common, os.path.join(log_dir, FORK_SERVER_LOG),
-                        die_with=die_with(os.getpid(), prctl) if prctl else None)
+                        bind=bound_command)
     server.start()
     log.info("TF1 fork server started (pid %d): %s are forked from it once it has imported TensorFlow "
              "(--no-fork: each imports its own)", server.pid, ", ".join(p.name for p in procs
@@ -147,13 +153,10 @@ class TaskProcess:
         try:
             # The death signal follows the thread that forks: start() always runs
             # on the launcher's supervising thread, which outlives every task.
-            prctl = posix.prctl()
             # The cgroup first: everything the task allocates, from its first page, is charged to its limit.
-            preexec = _preexec(self.cgroup.join_in_child() if self.cgroup is not None else None,
-                               die_with(os.getpid(), prctl) if prctl else None)
-            self.popen = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                                          preexec_fn=preexec)
+            command = bound_command(self.argv, env, self.cgroup.procs if self.cgroup is not None else None)
+            self.popen = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         except OSError as e:
             raise TfclusterError(f"cannot start {self.name} ({self.argv[0]!r}): {e.strerror}") from None
         self._started(writer)
