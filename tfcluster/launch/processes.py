@@ -37,7 +37,6 @@ TERM_GRACE = 1.0
 _PR_SET_CHILD_SUBREAPER = 36
 #: Where a piece of a task's output ends: a line break, or a carriage return (a progress bar's redraw).
 _PIECE_END = re.compile(rb"\r\n|\r|\n")
-_PR_SET_PDEATHSIG = 1
 
 
 #: The program that binds a task to the launcher before it execs the task's command (see its doc).
