@@ -252,14 +252,20 @@ def test_the_launchers_result_says_why_the_run_ended_which_task_ended_it_and_how
     assert [(str(r.task), r.returncode, r.restarts) for r in done.tasks] == [("worker:0", 0, 0), ("worker:1", 0, 0)]
     assert done.closing_line() == "done: 2 trainer(s) succeeded"
 
-    exit_3_once_on_worker_1 = ("import json, os, sys\n"
-                               "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1 "
-                               "and not os.path.exists('failed'):\n"
-                               "    open('failed', 'w').close(); sys.exit(3)\n")
+    # worker:0 runs until worker:1 is back, so it is running when worker:1 fails: two trainers and no ps
+    # form one all-reduce group, which restarts together (had worker:0 already finished, worker:1 would
+    # restart alone, and which came first would be a race).
+    exit_3_once_on_worker_1 = ("import json, os, sys, time\n"
+                               "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 0:\n"
+                               "    while not os.path.exists('back'): time.sleep(0.05)\n"
+                               "elif not os.path.exists('failed'):\n"
+                               "    open('failed', 'w').close(); sys.exit(3)\n"
+                               "else:\n"
+                               "    open('back', 'w').close()\n")
     recovered = LocalLauncher(LaunchConfig([PY, "-c", exit_3_once_on_worker_1], ps=0, workers=2, isolate=False,
                                            max_restarts=1)).launch()
     assert recovered.succeeded and recovered.task("worker:1").restarts == 1
-    assert recovered.closing_line() == "done: 2 trainer(s) succeeded; restarts: worker:1 1"
+    assert recovered.closing_line() == "done: 2 trainer(s) succeeded; restarts: worker:0 1, worker:1 1"
 
 
 @pytest.mark.timeout(60)
