@@ -273,6 +273,9 @@ def ctr_rows(steps):
         # A table per column (52 variables, as feature columns make them) against one of every column.
         "ctr_async_columns": ("ctr", "tfcluster", local(fit("async", 100_000, "--table-per-column"))),
         "ctr_traffic_columns": ("ctr", "tfcluster", local(fit("async", 100_000, "--table-per-column", *traced))),
+        # 52 tables on a bfloat16 wire: each pack of their rows and gradients cast once, not once a table.
+        "ctr_async_columns_bf16": ("ctr", "tfcluster", local(fit("async", 100_000, "--table-per-column"),
+                                                             extra=bf16)),
     }
 
 

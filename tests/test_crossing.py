@@ -29,9 +29,10 @@ def target():
     yield servers[1].target
 
 
-def _model(name, on_cluster, lr=0.1, twice=False):
+def _model(name, on_cluster, lr=0.1, twice=False, wire="float32"):
     """A graph: 2-part table, 2 dense weights, Adagrad; ids from a dataset of :data:`BATCHES` (in order).
-    ``twice``: the table looked up a second time with other ids. Returns (graph, tensors)."""
+    ``twice``: the table looked up a second time with other ids; ``wire``: what the weights, rows and gradients
+    travel in (graph/wire.py). Returns (graph, tensors)."""
     import tensorflow as tf
 
     from tfcluster.graph import sparse
@@ -44,7 +45,7 @@ def _model(name, on_cluster, lr=0.1, twice=False):
             ds = tf.data.Dataset.from_tensor_slices((BATCHES, np.arange(4, dtype=np.float32))).repeat()
             iterator = tf1.data.make_initializable_iterator(ds)
             ids, number = iterator.get_next()
-        reads = tf1.variable_creator_scope(Wire("float32", WORKER).creator()) if on_cluster else tf1.device(None)
+        reads = tf1.variable_creator_scope(Wire(wire, WORKER).creator()) if on_cluster else tf1.device(None)
         with tf1.device(PS if on_cluster else None), reads:
             table = tf1.get_variable("table", [9, 3], partitioner=tf1.fixed_size_partitioner(2),
                                      initializer=tf1.random_uniform_initializer(seed=1))
@@ -173,6 +174,37 @@ def test_a_pack_splits_by_the_row_counts_each_side_knows_and_reads_no_shape_on_t
     # the ids and b are vectors.
     reshapes = [p for p in packs if p[2] == "Reshape"]
     assert len(reshapes) == 12, reshapes
+
+
+def test_a_step_under_a_bfloat16_wire_casts_each_pack_once_on_each_side_and_trains_as_in_one_process(target):
+    # Not once a piece: a 52-table step cast each table's rows and gradients on its ps (docs/embeddings.md).
+    import re
+
+    import tensorflow as tf
+
+    from tfcluster.graph.traffic import task_of
+    steps = 4
+    losses, table, w = _reference(steps)
+    graph, t = _model("narrow", on_cluster=True, wire="bfloat16")
+    with graph.as_default(), tf.compat.v1.Session(target, graph=graph) as s:
+        s.run([tf.compat.v1.global_variables_initializer(), t["iterator"].initializer])
+        got = [s.run([t["loss"], t["train"]])[0] for _ in range(steps - 1)]
+        meta = tf.compat.v1.RunMetadata()
+        got.append(s.run([t["loss"], t["train"]], run_metadata=meta,
+                         options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE))[0])
+        got_table, got_w = np.concatenate(s.run(t["parts"])), s.run(t["w"])
+    wired = {op.name for op in graph.get_operations()
+             if op.type == "Cast" and tf.bfloat16 in (op.get_attr("SrcT"), op.get_attr("DstT"))}
+    casts = sorted((task_of(dev.device), node.node_name) for dev in meta.step_stats.dev_stats
+                   for node in dev.node_stats if node.node_name in wired)
+    # From the ps: the rows of both parts in one pack, the weights in another; to it: every gradient in one
+    # (the ids are int64 and travel as they are). Each is cast where it leaves and where it arrives.
+    assert [task for task, _ in casts] == ["ps:0"] * 3 + ["worker:0"] * 3, casts
+    assert all(re.match(r"tfcluster_pack_\d+/(sent|received)$", name) for _, name in casts), casts
+    # bfloat16 keeps 8 bits of mantissa: the rows and weights a step reads, and its gradients, round to them.
+    np.testing.assert_allclose(got, losses, rtol=0.02)
+    np.testing.assert_allclose(got_table, table, atol=0.02)
+    np.testing.assert_allclose(got_w, w, atol=0.02)
 
 
 def _staged(name, lr=0.1):

@@ -115,6 +115,33 @@ def test_a_distinct_lookup_gives_tf_s_rows_and_gradients_and_sums_duplicates_bef
     assert sum(len(g.indices) for g in got[2][0]) == 6 and sum(len(g.indices) for g in got[2][1]) == 3
 
 
+def test_tables_split_at_other_rows_and_looked_up_with_the_same_ids_make_them_distinct_once(monkeypatch):
+    # A wide and a deep table split over the ps by their bytes end their parts at other rows: each needs its own
+    # split of the ids, not its own Unique of them.
+    import tensorflow as tf
+    from tfcluster.graph import sparse
+    tf1 = tf.compat.v1
+    ids = np.array([[3, 1, 3], [7, 3, 1]])
+    graph, session = _graph_session()
+    with graph.as_default():
+        with tf1.variable_scope("wide", partitioner=tf1.fixed_size_partitioner(3)):
+            wide = tf1.get_variable("table", [10, 1], initializer=tf1.random_uniform_initializer(seed=1))
+        with tf1.variable_scope("deep", partitioner=tf1.fixed_size_partitioner(2)):
+            deep = tf1.get_variable("table", [10, 4], initializer=tf1.random_uniform_initializer(seed=2))
+        ids_tensor = tf.constant(ids)
+        reference = [tf1.nn.embedding_lookup(t, ids_tensor) for t in (wide, deep)]
+        before = {op.name for op in graph.get_operations()}
+        monkeypatch.setattr(sparse, "on_ps", lambda params: True)     # as if the parts were on a ps
+        lookup = sparse.distinct_lookup(sparse.original_lookup())
+        ours = [lookup(t, ids_tensor) for t in (wide, deep)]
+        uniques = [op.name for op in graph.get_operations() if op.name not in before and op.type == "Unique"]
+        session.run(tf1.global_variables_initializer())
+        got = session.run([reference, ours])
+    for tf_rows, our_rows in zip(*got):
+        np.testing.assert_array_equal(tf_rows, our_rows)
+    assert len(uniques) == 1, uniques
+
+
 @pytest.mark.parametrize("parts", [1, 2])
 def test_a_lookup_of_a_column_of_ids_adds_no_shape_arithmetic_and_its_gradient_is_tf_s(monkeypatch, parts):
     # A Keras Embedding's or a feature's ids are a column: their rows come back in its order as they are, and

@@ -52,7 +52,7 @@ GROUPS = {
                                                      "ctr_tf2_pss", "ctr_async_h10k", "ctr_async_h1m", "ctr_sync_h1m",
                                                      "ctr_async_ev", "ctr_stream", "ctr_stream_ev",
                                                      "ctr_stream_f32", "ctr_stream_noprefetch", "ctr_async_bf16",
-                                                     "ctr_async_columns"],
+                                                     "ctr_async_columns", "ctr_async_columns_bf16"],
 }
 #: What a peer cannot express, said in the table instead of a figure, per panel.
 NOTES = {"ctr": ["TF2 PSS has no synchronous training (ParameterServerStrategy's workers each apply their own "
@@ -297,6 +297,8 @@ def _ctr(runs, thr, add, pair):
             "measured", unit="tensors")
     pair("C10 a table per column (52 variables) / one table of every column: examples/s", "ctr_async_columns",
          "ctr_async", "ctr", "tfcluster", ">= 0.9")
+    pair("C10 on a bfloat16 wire: a table per column / one table: examples/s", "ctr_async_columns_bf16",
+         "ctr_async_bf16", "ctr", "tfcluster", ">= 0.9")
 
 
 def _per_ps(traffic, i):

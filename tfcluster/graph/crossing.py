@@ -20,6 +20,14 @@ travel packed too. It runs by itself before a graph's first step
 docs/patches.md), so every front end gets it: fit, the Estimator, Keras, and
 the sessions of a TF1 program.
 
+A crossing may name a 16-bit ``wire`` (graph/wire.py's bfloat16): it is cast
+to it on the sending device and back on the reading one, and its gradient
+crosses back the same way. A pack of such crossings is cast once, not once a
+piece: a 52-table step cast each table's rows and gradients on its ps, 115
+casts a step on two ps, and ran at 0.7 of the step cast once a pack
+(docs/embeddings.md). A crossing inside a ``while`` or ``cond`` travels in its
+own type.
+
 Crossings travel together when nothing can tell: the same sending and
 receiving device and dtype, the same *level* (how many crossings lie before
 them on any path: the ids a step sends the ps are level 0, the rows that come
@@ -66,6 +74,7 @@ class Crossing:
     gradient: object = None         #: ``(narrow, widen)`` of its gradient's way back, or None: as it is
     kind: str = ""                  #: what crosses: "rows" of a lookup (graph/prefetch.py stages them), or ""
     sent_shape: object = None       #: its shape as the sending side can compute it (its gradient's way back)
+    wire: str = ""                  #: the 16-bit type it travels in ("bfloat16"), read in its own; "": as it is
     packed: bool = False
 
     def shape_tensors(self) -> list:
@@ -117,15 +126,20 @@ def _register_gradient():
         pass
 
 
-def cross(tensor, device: str, shape=None, gradient=None, kind: str = "", sent_shape=None):
+#: What a crossing's ``wire`` may be: a 16-bit type that needs no scale (float16 does: graph/wire.py casts it).
+WIRES = ("", "bfloat16")
+
+
+def cross(tensor, device: str, shape=None, gradient=None, kind: str = "", sent_shape=None, wire: str = ""):
     """``tensor`` as read on ``device`` (a device name; "" for the current device scope), through one crossing.
 
     ``shape``: the tensor's shape computed on the reading side, where the static shape is not fully known (a
     pack splits its pieces by it): a shape tensor, or a list of a row count (a scalar tensor) and the fixed
     sizes of the other dimensions, which splits and reshapes a pack without shape arithmetic. Without one,
     only integer tensors of unknown size pack (they carry their sizes). ``sent_shape``: the same, computed on
-    the sending side, for the gradient's way back (else that side reads the tensor's shape). Where ``tensor``
-    already lives on ``device``'s task and device, it is returned as it is.
+    the sending side, for the gradient's way back (else that side reads the tensor's shape). ``wire``: a type of
+    :data:`WIRES` the float32 ``tensor`` travels in (cast by :func:`pack`, once per pack); its gradient travels
+    back in it too. Where ``tensor`` already lives on ``device``'s task and device, it is returned as it is.
     """
     tf = _tf()
     tf1 = tf.compat.v1
@@ -141,8 +155,12 @@ def cross(tensor, device: str, shape=None, gradient=None, kind: str = "", sent_s
         read = tf.identity(tensor, name="crossing")
     if _same_device(tensor.op.device, read.op.device):
         return read
+    if wire not in WIRES:
+        raise ValueError(f"a crossing's wire must be one of {WIRES}, got {wire!r}")
+    if graph._get_control_flow_context() is not None or _in_control_flow(tensor.op):   # noqa: SLF001
+        wire = ""       # no pack sees it, and a cast put between a loop and its input would leave the loop
     state = _state(graph)
-    c = Crossing(tensor, read, shape, gradient, kind, sent_shape)
+    c = Crossing(tensor, read, shape, gradient, kind, sent_shape, wire)
     with state.lock:
         state.crossings.append(c)
         state.by_op[read.op.name] = c
@@ -176,7 +194,7 @@ def _crossing_gradient(op, grad):
         if shape is None:
             with graph.colocate_with(c.sent.op, ignore_existing=True):
                 shape = tf.shape(c.sent)
-    back = [cross(t, c.sent.op.device, shape=shape if t.shape.rank else None) for t in narrowed]
+    back = [cross(t, c.sent.op.device, shape=shape if t.shape.rank else None, wire=c.wire) for t in narrowed]
     if widen is None:
         return back[0]
     with graph.colocate_with(None, ignore_existing=True), tf1.device(c.sent.op.device):
@@ -244,20 +262,28 @@ def pack(graph) -> int:
         for c in pending:
             c.packed = True
         walk = _Walk(state.by_op)
-        groups = {}
+        groups, alone = {}, []
         for c in pending:
             # A crossing nothing reads (a table's whole read, made with the table) must not ride along a pack.
-            if not _packable(c) or not any(t.consumers() for t in c.read.op.outputs):
+            if not any(t.consumers() for t in c.read.op.outputs):
+                continue
+            if not _packable(c):
+                alone.append(c)
                 continue
             level, sources = walk.of(c.sent.op)
-            key = (_device(c.sent.op.device), _device(c.read.op.device), c.sent.dtype, level, sources)
+            key = (_device(c.sent.op.device), _device(c.read.op.device), c.sent.dtype, c.wire, level, sources)
             groups.setdefault(key, []).append(c)
         packed = 0
-        for (src, dst, _, _, _), members in groups.items():
+        for (src, dst, _, wire, _, _), members in groups.items():
             if len(members) > 1:
-                _pack(graph, src, dst, members, state.packs)
+                _pack(graph, src, dst, members, state.packs, wire)
                 state.packs += 1
                 packed += len(members)
+            else:
+                alone.extend(members)
+        for c in alone:
+            if c.wire:
+                _narrow_alone(graph, c)
         return packed
 
 
@@ -315,8 +341,19 @@ def device_of(op) -> str:
     return _device(op.device)
 
 
-def _pack(graph, src: str, dst: str, members: list, number: int):
-    """One tensor from ``src`` to ``dst`` carrying ``members``; each member's reader reads its piece."""
+def _narrow_alone(graph, c: Crossing):
+    """``c`` in its wire by itself: cast where it is made, back where it is read."""
+    tf = _tf()
+    with graph.colocate_with(c.sent.op, ignore_existing=True), tf.compat.v1.name_scope(c.read.op.name + "_wire/"):
+        sent = tf.cast(c.sent, c.wire, name="sent")
+    with graph.colocate_with(c.read.op, ignore_existing=True), tf.compat.v1.name_scope(c.read.op.name + "_wire/"):
+        received = tf.cast(sent, c.sent.dtype, name="received")
+    c.read.op._update_input(0, received)  # noqa: SLF001 (before any session ran the graph)
+
+
+def _pack(graph, src: str, dst: str, members: list, number: int, wire: str = ""):
+    """One tensor from ``src`` to ``dst`` carrying ``members`` (in ``wire``'s type, where one is named); each
+    member's reader reads its piece."""
     tf = _tf()
     tf1 = tf.compat.v1
     dtype = members[0].sent.dtype
@@ -326,9 +363,11 @@ def _pack(graph, src: str, dst: str, members: list, number: int):
             flat = [c.sent if c.sent.shape.rank == 1 else tf.reshape(c.sent, [-1]) for c in members]
             head = [tf.stack([tf.size(f, out_type=dtype) for c, f in zip(members, flat) if c in sized])] \
                 if sized else []
-            sent = tf.concat(head + flat, 0, name="sent")
+            sent = tf.concat(head + flat, 0, name="concat" if wire else "sent")
+            if wire:
+                sent = tf.cast(sent, wire, name="sent")
         with tf1.device(dst):
-            received = tf.identity(sent, name="received")
+            received = tf.cast(sent, dtype, name="received") if wire else tf.identity(sent, name="received")
             sizes, trailing = _sizes(received, members, sized)
             body = received[len(sized):] if sized else received
             for c, piece, shape in zip(members, tf.split(body, sizes, num=len(members)), trailing):

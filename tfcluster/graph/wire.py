@@ -10,7 +10,9 @@ How (``wire="bfloat16"`` or ``"float16"`` on the ps strategies):
 
 - **Weights.** Every trainable float32 variable created in the strategy's
   scope on another task (a ps) gets, as it is created, a read cast to 16 bits
-  *on the variable's device* and back to float32 on the worker. It becomes the
+  *on the variable's device* and back to float32 on the worker (in bfloat16,
+  by the crossing that carries it: once for each pack of a step's reads,
+  graph/crossing.py). It becomes the
   variable's cached value, the tensor ``ResourceVariable.value()`` returns (the
   mechanism of ``caching_device``), so every op that turns the variable into a
   tensor reads through the wire: ``tf.matmul(x, v)``, ``tf.compat.v1.layers``
@@ -36,10 +38,10 @@ that bypass ``value()`` travel in float32 too: an explicit ``read_value()``,
 and other sparse reads than ``embedding_lookup``'s.
 
 - **Rows.** An ``embedding_lookup`` of a table on the ps reads only its rows
-  there (graph/sparse.py); under bfloat16 each part's gathered rows are cast
-  on its ps and back on the worker (:func:`rows_wire`), and their gradients
-  travel as any wired gradient. Under float16 rows travel as float32: one
-  scale per part cannot ride along TF's lookup.
+  there (graph/sparse.py); under bfloat16 each part's gathered rows travel
+  in it (:func:`rows_wire`), as do their gradients, cast once per pack.
+  Under float16 rows travel as float32: one scale per part cannot ride along
+  TF's lookup.
 
 TensorFlow is imported lazily, so importing this module stays cheap.
 """
@@ -207,12 +209,17 @@ class Wire:
                 if not table:
                     v._cached_value = crossing.cross(element, self.receiver)
                 return
-            with tf1.device(v.device):
-                packed, scale = pack(element, self.dtype)
-            with tf1.device(self.receiver):
-                read = packed if table else crossing.cross(packed, self.receiver, gradient=gradient_way(self.dtype))
-                v._cached_value = unpack(read, None if scale is None or table else crossing.cross(scale,
-                                                                                                  self.receiver))
+            if self.dtype in crossing.WIRES and not table:
+                # The crossing casts it, once for its whole pack (graph/crossing.py), and its gradient back.
+                v._cached_value = crossing.cross(element, self.receiver, wire=self.dtype)
+            else:
+                with tf1.device(v.device):
+                    packed, scale = pack(element, self.dtype)
+                with tf1.device(self.receiver):
+                    read = packed if table else crossing.cross(packed, self.receiver,
+                                                               gradient=gradient_way(self.dtype))
+                    v._cached_value = unpack(read, None if scale is None or table else crossing.cross(scale,
+                                                                                                      self.receiver))
         v._tfcluster_wire = self.dtype
         self.wired.append(v)
 
