@@ -356,6 +356,18 @@ def test_session_config_and_cluster_spec_render_for_tensorflow():
     assert spec.task_address("worker", 1) == "localhost:2224"
 
 
+
+def test_tasks_that_share_a_machine_get_thread_pools_that_sleep_instead_of_spinning():
+    """A spinning TF thread holds a core another task of the same machine needs; alone on a host, a task keeps
+    TF's low-latency spinning."""
+    local = Cluster({"worker": ["localhost:1", "127.0.0.1:2"], "ps": ["localhost:3"]}, ("ps", 0))
+    assert local.shares_machine() and local.session_config().experimental.disable_thread_spinning
+    apart = Cluster({"worker": ["a:1", "b:1"], "ps": ["c:1"]}, ("worker", 1))
+    assert not apart.shares_machine()
+    assert not apart.session_config().experimental.disable_thread_spinning
+    two_on_c = Cluster({"worker": ["a:1", "c:2"], "ps": ["c:1"]}, ("ps", 0))
+    assert two_on_c.shares_machine() and not two_on_c.shares_machine(Task("worker", 0))
+
 # ------------------------------------------------------------------ refusals
 def spec_error(build):
     with pytest.raises(SpecError) as info:

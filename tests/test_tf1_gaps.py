@@ -209,6 +209,28 @@ def test_a_trainer_of_a_cluster_with_ps_that_trains_in_a_local_session_says_it_t
     assert alone.returncode == 0 and "private copy" not in alone.stderr
 
 
+
+SERVERS = r'''
+import sys
+import tensorflow as tf
+worker, ps = sys.argv[1:3]
+own = tf.ConfigProto(allow_soft_placement=True)
+server = tf.train.Server({"worker": [f"localhost:{worker}"], "ps": [f"localhost:{ps}"]}, job_name="worker",
+                         task_index=0, config=own)
+spins = not server.server_def.default_session_config.experimental.disable_thread_spinning
+print("server spins" if spins else "server sleeps", "program's config untouched" if own.experimental ==
+      tf.ConfigProto().experimental else "program's config changed")
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_programs_own_server_sleeps_instead_of_spinning_where_its_machine_runs_other_tasks(tmp_path, ports):
+    # tfcluster local puts every task on one machine: a spinning thread of one task holds a core another needs.
+    worker, ps = ports(2)
+    r = run_tf1(tmp_path, SERVERS, worker, ps, env=base_env(**REUSE))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == "server sleeps program's config untouched\n"
+
 #: The interleaving that hung a slim chief once in a few runs: the Supervisor's checkpoint thread runs just after
 #: the train thread's push and takes the step's wait; the train thread looks while that wait is still on.
 TWO_LOOKS = r'''

@@ -278,10 +278,23 @@ def math_in_sessions():
 
 
 def _noting_servers(original):
-    def server_init(self, server_or_cluster_def, job_name=None, task_index=None, *args, **kwargs):
-        original(self, server_or_cluster_def, job_name, task_index, *args, **kwargs)
+    def server_init(self, server_or_cluster_def, job_name=None, task_index=None, protocol=None, config=None,
+                    start=True):
+        config = _sleeping_pools(config, server_or_cluster_def, job_name, task_index)
+        original(self, server_or_cluster_def, job_name, task_index, protocol, config, start)
         _servers.append((server_or_cluster_def, job_name, task_index))
     return server_init
+
+
+def _sleeping_pools(config, server_or_cluster_def, job_name, task_index):
+    """The program's server config (a copy), with TF's thread pools sleeping instead of spinning where the server's
+    machine runs other tasks of its cluster (``Cluster.shares_machine``); the program's own config is unchanged."""
+    cluster = _this_task([(server_or_cluster_def, job_name, task_index)])
+    if cluster is None or cluster.task is None or not cluster.shares_machine():
+        return config
+    out = _copy(config)
+    out.experimental.disable_thread_spinning = True
+    return out
 
 
 def _cluster_session(original):
@@ -307,8 +320,10 @@ def _cluster_session(original):
 
 patches.register(patches.Patch(
     "tf1.server_task", "tensorflow.python.training.server_lib:Server.__init__",
-    "a script's tf.train.Server names its task where TF_CONFIG gives none (for the session rules below)",
-    _noting_servers, TF1_MODE, params=("self", "server_or_cluster_def", "job_name", "task_index")))
+    "a script's tf.train.Server names its task where TF_CONFIG gives none (for the session rules below); its "
+    "thread pools sleep instead of spinning where its machine runs other tasks of the cluster",
+    _noting_servers, TF1_MODE, params=("self", "server_or_cluster_def", "job_name", "task_index", "protocol",
+                                       "config", "start")))
 patches.register(patches.Patch(
     "tf1.cluster_sessions", "tensorflow.python.client.session:Session.__init__",
     "a non-chief's session gets the cluster's device filters (pitfalls item 3), the chief reports placement, "
