@@ -225,3 +225,9 @@ def test_the_traced_step_gives_transfers_per_ps_each_way_counting_only_those_tha
     assert figs["C9 data transfers a worker sends each ps per step"]["median"] == 2.0
     assert figs["C9 data transfers a worker receives from each ps per step"]["median"] == 2.0
     assert figs["C9 sparse updates per ps per step"]["median"] == 2.0 and figs["C9 sparse updates per ps per step"]["met"]
+    # Runs that count each variable's update once (an update made of a gather and scatters: graph/sparse_updates.py)
+    # say so in ps_updates, which the figure takes over its op counts.
+    traffic["ps_updates"] = {"ps:0": 1.0, "ps:1": 2.0}
+    traffic["ps_ops"]["ps:0"] = {"ResourceScatterUpdate": 2, "ResourceSparseApplyAdagrad": 1}
+    figs = figures({"ctr_traffic": [dict(results=[dict(traffic=traffic)])]}, {}, {})
+    assert figs["C9 sparse updates per ps per step"]["median"] == 1.5

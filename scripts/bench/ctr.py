@@ -164,6 +164,7 @@ if result is not None:
                      worker_received=t.received_by(result.task), ps_received=t.received_by("ps"),
                      by_task=t.by_task(), parts=measure.parts, largest_to_ps=t.largest(3, "ps"),
                      ps_ops={task: t.ops_on(task) for task in sorted(t.by_task()) if task.startswith("ps:")},
+                     ps_updates={task: t.updates_on(task) for task in sorted(t.by_task()) if task.startswith("ps:")},
                      worker_ops=t.ops_on(result.task),
                      tensors_to_ps=t.tensors(result.task, "ps"), tensors_from_ps=t.tensors("ps", result.task),
                      # Per ps: tensors this worker sent it and received from it, all and those carrying bytes.

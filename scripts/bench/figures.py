@@ -202,14 +202,17 @@ def _received_ratio(t):
     return t["worker_received"] / (t["row_bytes"] + t["dense_bytes"])
 
 
-#: Op types that apply a sparse update to a variable (the traced steps' stats), by type name or prefix.
+#: Op types that apply a sparse update to a variable (the traced steps' stats), by type name or prefix: runs that
+#: predate ``ps_updates`` (one per variable, tfcluster.StepTraffic.updates_on) counted these.
 SPARSE_UPDATES = ("ResourceSparseApply", "SparseApply", "ResourceScatter")
 
 
-def _ps_ops(traffic, kinds):
-    """Ops of ``kinds`` (type names or their prefixes) each ps ran per step, averaged over the ps tasks."""
-    per_ps = [sum(n for kind, n in ops.items() if kind.startswith(kinds))
-              for ops in (traffic.get("ps_ops") or {}).values()]
+def _ps_updates(traffic):
+    """Variables each ps updated by rows per step, averaged over the ps tasks (older runs: their update ops)."""
+    per_ps = list((traffic.get("ps_updates") or {}).values())
+    if not per_ps:
+        per_ps = [sum(n for kind, n in ops.items() if kind.startswith(SPARSE_UPDATES))
+                  for ops in (traffic.get("ps_ops") or {}).values()]
     return sum(per_ps) / len(per_ps) if per_ps else None
 
 
@@ -286,7 +289,7 @@ def _ctr(runs, thr, add, pair):
         # Two row widths (deep 16, wide 1): at best one update of each a ps. Two transfers each way: the ids,
         # then the gradients; the weights, then the rows (the chief's ps also sends the global step).
         add(f"C9 sparse updates per ps per step{of}", _per_run(runs, row, lambda r: _traffic(
-            r, lambda t: _ps_ops(t, SPARSE_UPDATES))), "ctr", "tfcluster", "<= 2", unit="ops")
+            r, _ps_updates)), "ctr", "tfcluster", "<= 2", unit="ops")
         for name, i in (("C9 data transfers a worker sends each ps per step", 2),
                         ("C9 data transfers a worker receives from each ps per step", 3)):
             add(name + of, _per_run(runs, row, lambda r, i=i: _traffic(r, lambda t: _per_ps(t, i))), "ctr",

@@ -10,6 +10,7 @@
 - :mod:`.inplace_reads`: a save reads each sparsely updated variable in place, not a copy of it;
 - :mod:`.lazy_adam`: TF 1.x's LazyAdamOptimizer (tf.contrib.opt), Adam updating only touched rows;
 - :mod:`.sparse`: tables on the ps looked up one distinct id at a time, so each touched row crosses once;
+- :mod:`.sparse_updates`: sparse updates of those distinct ids: no second deduplication, every row of a step at once;
 - :mod:`.step`: the step contract: the TrainGraph a front end builds, the StepRunner the session runs,
   and the Hook interface the loop calls around each step;
 - :mod:`.traffic`: the bytes a traced step moved between tasks (a hook that measures them).

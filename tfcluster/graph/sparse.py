@@ -21,9 +21,8 @@ own devices) are looked up by TF's code unchanged; so are ragged and sparse ids.
 The ids each part is asked for and the rows it sends back cross through
 graph/crossing.py, so a step's lookups travel in one transfer per ps each way.
 Their gradients hold each id once already, so they are marked so
-(:func:`mark_distinct`) and TF's optimizers skip their second deduplication on
-the ps (a ``Unique`` and an ``UnsortedSegmentSum`` per part and step: the
-``sparse.distinct_updates`` patches, docs/patches.md).
+(:func:`mark_distinct`): TF's optimizers skip their second deduplication on the
+ps and update every row of a step at once (graph/sparse_updates.py).
 ``embedding_lookup_sparse`` and the feature columns' lookups already look up
 distinct ids (TF's own ``unique``). A partitioner that asks for more parts than
 a table has rows fails in one line (:func:`checked_partitioner_call`). Tables
@@ -40,8 +39,9 @@ import weakref
 
 from ..core import patches
 from ..core.errors import SpecError
-from . import crossing, inplace_reads, repartition, wire
+from . import crossing, inplace_reads, repartition, sparse_updates, wire
 from .placement import parts_of, split_by_tfcluster
+from .sparse_updates import mark_distinct
 
 
 def on_ps(params) -> bool:
@@ -260,45 +260,6 @@ def _distinct_rows(parts, ids, strategy, max_norm):
     return stitched, split.position, split.count
 
 
-#: The ids tensors tfcluster's lookups made distinct, by graph: a sparse update of such ids needs no second
-#: deduplication next to its variable (``{graph: set of tensor names}``).
-_DISTINCT = weakref.WeakKeyDictionary()
-
-
-def mark_distinct(ids):
-    """Note that ``ids`` (a tensor) holds no id twice: a gradient indexed by it needs no summing of duplicates."""
-    _DISTINCT.setdefault(ids.graph, set()).add(ids.name)
-
-
-def is_distinct(indices) -> bool:
-    """True when ``indices`` is a tensor :func:`mark_distinct` noted."""
-    graph = getattr(indices, "graph", None)
-    return graph is not None and getattr(indices, "name", None) in _DISTINCT.get(graph, ())
-
-
-def applying_distinct(apply):
-    """An optimizer's ``_resource_apply_sparse_duplicate_indices`` that skips TF's summing of duplicate ids
-    where tfcluster's lookup made them distinct (a unique and a segment sum on the ps, every step)."""
-    @functools.wraps(apply)
-    def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
-        if is_distinct(indices):
-            return self._resource_apply_sparse(grad, handle, indices, **kwargs)
-        return apply(self, grad, handle, indices, **kwargs)
-    _resource_apply_sparse_duplicate_indices.__wrapped__ = apply
-    return _resource_apply_sparse_duplicate_indices
-
-
-def applying_distinct_ref(apply):
-    """The same for reference variables' ``_apply_sparse_duplicate_indices``."""
-    @functools.wraps(apply)
-    def _apply_sparse_duplicate_indices(self, grad, var):
-        if is_distinct(grad.indices):
-            return self._apply_sparse(grad, var)
-        return apply(self, grad, var)
-    _apply_sparse_duplicate_indices.__wrapped__ = apply
-    return _apply_sparse_duplicate_indices
-
-
 def original_lookup():
     """TF's own ``embedding_lookup`` (as it was before :func:`install`)."""
     return patches.original("sparse.distinct_lookup")
@@ -338,21 +299,6 @@ patches.register(patches.Patch(
     # embedding_lookup_v2 (tf.nn, tf-keras's Embedding) calls the module's name; tf.compat.v1.nn holds its own.
     also=("tensorflow.compat.v1:nn.embedding_lookup",)))
 
-patches.register(patches.Patch(
-    "sparse.distinct_updates", "tensorflow.python.training.optimizer:Optimizer._resource_apply_sparse_duplicate_indices",
-    "a sparse update of ids tfcluster's lookup made distinct skips TF's second deduplication (a unique and a segment "
-    "sum next to the variable, every step)", applying_distinct, "fit's ps strategies, the Estimator, TF1 mode",
-    params=("self", "grad", "handle", "indices")))
-patches.register(patches.Patch(
-    "sparse.distinct_updates_ref", "tensorflow.python.training.optimizer:Optimizer._apply_sparse_duplicate_indices",
-    "the same for reference variables (TF 1.x programs)", applying_distinct_ref,
-    "fit's ps strategies, the Estimator, TF1 mode", params=("self", "grad", "var")))
-patches.register(patches.Patch(
-    "sparse.distinct_updates_keras",
-    "tf_keras.src.optimizers.legacy.optimizer_v2:OptimizerV2._resource_apply_sparse_duplicate_indices",
-    "the same for tf-keras's graph-mode optimizers", applying_distinct, "fit's ps strategies, the Estimator, TF1 mode",
-    params=("self", "grad", "handle", "indices"), optional=True))
-
 
 def install():
     """Make ``embedding_lookup`` read each distinct id once from tables on a ps, partitioners that ask for more
@@ -362,8 +308,6 @@ def install():
     repartition.install()
     inplace_reads.install()
     patches.install("sparse.distinct_lookup")
-    patches.install("sparse.distinct_updates")
-    patches.install("sparse.distinct_updates_ref")
-    if "tf_keras" in sys.modules:   # its optimizers, where the program uses tf-keras (never imported for it)
-        patches.install("sparse.distinct_updates_keras")
+    # tf-keras's optimizers where the program uses tf-keras (never imported for it)
+    sparse_updates.install(keras="tf_keras" in sys.modules)
     crossing.install()

@@ -9,7 +9,8 @@ turns a step's ``RunMetadata`` into :class:`Transfer` records;
 mean per step, so a test or the bench states bytes per step as measured, not
 as a model of what should travel. The same stats name the ops each task ran
 (``<node> = <OpType>(...)``): :meth:`StepTraffic.ops_on` counts them per step,
-so "one sparse update per ps per step" is measured the same way. They are not
+and :meth:`StepTraffic.updates_on` the variables a task updated by rows, so
+"one sparse update per ps per step" is measured the same way. They are not
 always whole: a ps's two table parts showed one ``ResourceGather`` a step
 (docs/embeddings.md, C9), so count an op only where a test has checked it.
 
@@ -25,6 +26,11 @@ from .step import Hook, RunArgs
 
 _LABEL = re.compile(r"edge_\d+_(?P<tensor>\S+) from (?P<src>\S+) to (?P<dst>\S+)")
 _OP = re.compile(r"^\S+ = (?P<type>[A-Za-z0-9_]+)\(")
+#: Op types that write a variable's rows: TF's sparse updates, and the scatters of an update made at once
+#: (graph/sparse_updates.py: one for the variable and one for each slot, in the scope TF's optimizers give the
+#: variable's update, ``.../update_<variable>/``: an update is the ops of one scope).
+UPDATES = ("SparseApply", "ResourceSparseApply", "ResourceScatterUpdate", "ResourceScatterAdd", "ResourceScatterSub",
+           "ScatterUpdate", "ScatterAdd", "ScatterSub")
 
 
 def task_of(device: str) -> str:
@@ -47,10 +53,11 @@ class Transfer:
 class StepTraffic:
     """The transfers of one step (or the mean of several), between tasks only, and the ops each task ran."""
 
-    def __init__(self, transfers, steps: int = 1, ops=()):
+    def __init__(self, transfers, steps: int = 1, ops=(), writes=()):
         self.transfers = tuple(transfers)
         self.steps = steps
         self.ops = tuple(ops)       # (task, op type), one per op run
+        self.writes = tuple(writes)     # (task, the update it belongs to), one per op that wrote rows
 
     def _sum(self, keep) -> float:
         return sum(t.nbytes for t in self.transfers if keep(t)) / self.steps
@@ -90,6 +97,12 @@ class StepTraffic:
                 counts[kind] += 1 / (self.steps * len(tasks))
         return {kind: round(n, 3) for kind, n in sorted(counts.items())}
 
+    def updates_on(self, job_or_task: str) -> float:
+        """Variables a task updated by rows per step (a job's tasks on average): an update made of several ops
+        (a variable's and its slots' scatters) counts once."""
+        tasks = {task for task, _ in self.ops if _matches(task, job_or_task)}
+        return round(sum(1 for task, _ in set(self.writes) if task in tasks) / (self.steps * max(len(tasks), 1)), 3)
+
     def largest(self, n: int = 5, where: Optional[str] = None) -> list:
         """The ``n`` biggest transfers (per step), optionally only those received by ``where``."""
         rows = defaultdict(float)
@@ -109,13 +122,15 @@ def _matches(task: str, job_or_task: str) -> bool:
 def step_traffic(run_metadata) -> StepTraffic:
     """The tensors received between tasks in the step of ``run_metadata`` (traced with FULL_TRACE), and the ops
     each task ran."""
-    transfers, ops = [], []
+    transfers, ops, writes = [], [], []
     for dev in run_metadata.step_stats.dev_stats:
         for node in dev.node_stats:
             if node.node_name != "RecvTensor":
                 op = _OP.match(node.timeline_label)
                 if op is not None:
                     ops.append((task_of(dev.device), op.group("type")))
+                    if op.group("type").startswith(UPDATES[:2]) or op.group("type") in UPDATES[2:]:
+                        writes.append((task_of(dev.device), node.node_name.rpartition("/")[0] or node.node_name))
                 continue
             m = _LABEL.search(node.timeline_label)
             if m is None:
@@ -124,7 +139,7 @@ def step_traffic(run_metadata) -> StepTraffic:
             src, dst = task_of(m.group("src")), task_of(m.group("dst"))
             if src != dst:
                 transfers.append(Transfer(m.group("tensor"), src, dst, int(nbytes)))
-    return StepTraffic(transfers, ops=ops)
+    return StepTraffic(transfers, ops=ops, writes=writes)
 
 
 class TrafficHook(Hook):
@@ -138,7 +153,7 @@ class TrafficHook(Hook):
     def __init__(self, after: int = 20, steps: int = 5, fetches=None):
         self.after, self.steps, self.fetches = after, steps, fetches or {}
         self.seen = 0
-        self.transfers, self.ops = [], []
+        self.transfers, self.ops, self.writes = [], [], []
         self.values = []
         self.traffic = None
 
@@ -161,6 +176,7 @@ class TrafficHook(Hook):
         step = step_traffic(run_values.run_metadata)
         self.transfers += step.transfers
         self.ops += step.ops
+        self.writes += [(task, f"{len(self.values)}:{update}") for task, update in step.writes]   # per step
         self.values.append(run_values.results)
         if self.seen == self.after + self.steps:
-            self.traffic = StepTraffic(self.transfers, steps=self.steps, ops=self.ops)
+            self.traffic = StepTraffic(self.transfers, steps=self.steps, ops=self.ops, writes=self.writes)
