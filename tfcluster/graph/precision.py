@@ -8,7 +8,7 @@ and optimizer state stay float32 (the pass never changes a variable's type).
 Measured on 2 cores (one thread, graph mode; scripts/bench.py, B5 and B6):
 with AVX512-BF16 and AMX the 5.8M-parameter MLP trained 1.54 times as many
 examples a second and the tutorials' CNN 1.81 times; with AVX512-BF16 alone
-1.71 and 1.35.
+1.71 and 1.35 (2026-12-02), 1.67 and 1.60 (2026-12-06, docs/embeddings.md).
 
 ``math`` (``tfcluster local --math``, :data:`MATH_ENV`): ``"auto"`` (the
 default) turns it on where ``/proc/cpuinfo`` lists ``avx512_bf16`` or
