@@ -7,6 +7,7 @@ read from traced steps (graph/traffic.py), as the bench and the cluster tests re
 """
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -152,8 +153,6 @@ def test_one_lookup_s_update_runs_no_second_deduplication_on_the_ps(target):
 def test_a_pack_splits_by_the_row_counts_each_side_knows_and_reads_no_shape_on_the_ps(target):
     # Rows and their gradients split by the ids each side sent or read times the rows' width, ids by the counts
     # they carry in front, vectors need no reshape: no shape read, product or cast of one in a step's packs.
-    import re
-
     import tensorflow as tf
 
     from tfcluster.graph.traffic import task_of
@@ -178,8 +177,6 @@ def test_a_pack_splits_by_the_row_counts_each_side_knows_and_reads_no_shape_on_t
 
 def test_a_step_under_a_bfloat16_wire_casts_each_pack_once_on_each_side_and_trains_as_in_one_process(target):
     # Not once a piece: a 52-table step cast each table's rows and gradients on its ps (docs/embeddings.md).
-    import re
-
     import tensorflow as tf
 
     from tfcluster.graph.traffic import task_of
@@ -288,3 +285,43 @@ def test_a_lookup_of_fed_ids_is_not_staged_and_says_why(target, caplog):
         with caplog.at_level("INFO", logger="tfcluster"):
             assert prefetch.stage(graph, "fed") is None
     assert "its lookups' ids depend on the fed value" in caplog.text
+
+
+def test_a_session_doing_bfloat16_math_sends_its_staged_rows_in_16_bits_and_their_gradients_in_32(target):
+    # Unstaged, the rows a model multiplies cross in bfloat16 by themselves under bfloat16 math: grappler's
+    # rewrite casts them where they are made, on the ps. Staged, a StagingArea of fixed types reads them on the
+    # worker, so the session narrows them itself (docs/embeddings.md, "The next step's rows").
+    import tensorflow as tf
+
+    from tfcluster.graph import precision
+    from tfcluster.graph.step import RunArgs, StepRunner, TrainGraph
+    from tfcluster.graph.traffic import task_of
+    from tfcluster.training.session import TrainingSession
+    losses, _, _ = _reference(4, lr=0.0)
+    for math in ("float32", "bfloat16"):
+        graph, t, staging = _staged("session_" + math, lr=0.0)
+        with graph.as_default():
+            train_graph = TrainGraph(StepRunner(t["step"], t["loss"]), t["gs"], t["loss"],
+                                     local_init_ops=[t["iterator"].initializer], staging=staging)
+            config = precision.configure(tf.compat.v1.ConfigProto(), math, target=target)
+            with TrainingSession(train_graph, target=target, config=config, name="session_" + math) as session:
+                session.finalize()
+                session.create()
+                got = [session.step() for _ in range(3)]
+                got.append(session.step(RunArgs([], options=tf.compat.v1.RunOptions(
+                    trace_level=tf.compat.v1.RunOptions.FULL_TRACE))))
+        assert [r.global_step for r in got] == [0, 1, 2, 3]          # the batch each step trained on
+        ours = {op.name for op in graph.get_operations()
+                if op.type == "Cast" and tf.bfloat16 in (op.get_attr("SrcT"), op.get_attr("DstT"))}
+        casts = sorted((task_of(dev.device), node.node_name) for dev in got[-1].run_metadata.step_stats.dev_stats
+                       for node in dev.node_stats if node.node_name in ours)
+        if math == "float32":
+            assert casts == []
+            np.testing.assert_allclose([r.loss for r in got], losses, rtol=1e-6)
+        else:
+            # The rows of both parts leave the ps in one bfloat16 pack; the ids (int64) and the gradients going
+            # back (their pack was made with the gradients, before staging) keep their types.
+            assert [task for task, _ in casts] == ["ps:0", "worker:0"], casts
+            assert all(re.match(r"tfcluster_pack_\d+/(sent|received)$", name) for _, name in casts), casts
+            # The loss itself is bfloat16 math here (8 bits of mantissa, and a difference squared).
+            np.testing.assert_allclose([r.loss for r in got], losses, rtol=0.05)

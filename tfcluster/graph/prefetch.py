@@ -21,6 +21,13 @@ on in asynchronous training only (a sync step's rows are of the step's
 weights). A finite input ends one batch early (the staged batch is never
 trained), and a restart skips the batch that was staged.
 
+Under bfloat16 math (graph/precision.py) the rows a model multiplies cross
+unstaged in bfloat16 by themselves: grappler's rewrite casts them where they
+are made, on the ps. Staged, a ``StagingArea`` of fixed types reads them and
+the rewrite leaves them float32 on the wire, twice the bytes; so the session
+that primes the stage narrows them (:meth:`Staging.narrow_rows`) to the values
+the rewrite would multiply. Their gradients keep float32.
+
 A graph qualifies when its stage reads nothing but the input, constants and
 the tables it looks up: no placeholder (a fed value belongs to its own step),
 no dense weight, no control flow, no other stateful op. Otherwise it runs as
@@ -48,10 +55,22 @@ class Staging:
     """A graph's stage, staged: its :attr:`puts` run with every step (:meth:`attach`); :meth:`prime`, run by every
     session before its first step, empties the areas and puts the first batch."""
 
-    def __init__(self, areas, puts, staged: int):
+    def __init__(self, areas, puts, staged: int, rows=()):
         self._areas = areas         # (device, tensors, shared name) per staging area
         self.puts = puts            # one put per area, in the order of the areas
         self.staged = staged        # tensors each step reads from the areas
+        self.rows = list(rows)      # the lookups' rows crossings the stage ends with (graph/crossing.py)
+
+    def narrow_rows(self, wire: str = "bfloat16") -> int:
+        """Make the staged rows that would cross in float32 travel in ``wire``; their gradients keep their way.
+        A session doing bfloat16 math calls it before its first run packs them (see the module doc). Returns
+        how many."""
+        narrowed = 0
+        for c in self.rows:
+            if not c.packed and not c.wire and c.sent.dtype.name == "float32":
+                c.wire = wire
+                narrowed += 1
+        return narrowed
 
     def attach(self, update) -> list:
         """Make ``update`` (a step's update, a group of ops on each device) run each area's put from one of its
@@ -131,7 +150,7 @@ def stage(graph, worker: str) -> Optional[Staging]:
     for device, tensors in boundary.items():
         log.debug("prefetch: %d op(s) staged; on %s: %s", len(ops), device, ", ".join(
             f"{t.name} -> {[c.name for c in t.consumers() if c not in ops]}" for t in tensors))
-    return _rewire(graph, worker, boundary, ops)
+    return _rewire(graph, worker, boundary, ops, rows)
 
 
 def _stage_ops(ends):
@@ -173,7 +192,7 @@ def _area_name(worker: str, device: str) -> str:
     return "tfcluster_prefetch_" + re.sub(r"[^A-Za-z0-9_]", "_", f"{worker}_{device}")
 
 
-def _rewire(graph, worker: str, boundary: dict, stage) -> Staging:
+def _rewire(graph, worker: str, boundary: dict, stage, rows) -> Staging:
     """A staging area per device of ``boundary``; every reader outside ``stage`` reads the staged tensor."""
     import tensorflow as tf
     tf1 = tf.compat.v1
@@ -192,4 +211,4 @@ def _rewire(graph, worker: str, boundary: dict, stage) -> Staging:
                 reader._update_input(index, got[k])  # noqa: SLF001 (before any session ran the graph)
             areas.append((device, tensors, name))
             staged += len(tensors)
-        return Staging(areas, puts, staged)
+        return Staging(areas, puts, staged, rows)

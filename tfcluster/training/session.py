@@ -25,6 +25,7 @@ from typing import Optional
 from ..core.duplicates import rerun
 from ..core.errors import ClusterUnreachableError, RecoveryLimitError, StepTimeoutError
 from ..core.tferrors import recoverable, summary
+from ..graph import precision
 from ..runtime.server import READY_POLL_SECS, TaskState, wait_for_cluster
 from .chief import ChiefStart
 
@@ -152,7 +153,10 @@ class TrainingSession:
             self.init_op, self.ready_op, ready_local, self.local_init_op = scaffold_ops(
                 self.train_graph, self.is_chief, self.extra_local_init)
             self._read_step = self.train_graph.global_step.read_value()
-            self._prime = self.train_graph.staging.prime() if self.train_graph.staging is not None else None
+            staging = self.train_graph.staging
+            if staging is not None and self.config is not None and precision.is_on(self.config):
+                staging.narrow_rows()       # before the first run packs the crossings (graph/crossing.py)
+            self._prime = staging.prime() if staging is not None else None
             self.manager = tf1.train.SessionManager(
                 local_init_op=self.local_init_op, ready_op=self.ready_op, ready_for_local_init_op=ready_local,
                 graph=self.graph, recovery_wait_secs=self.poll_secs)
