@@ -52,7 +52,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, BENCH)
 
 from figures import figures  # noqa: E402
-from runs import PY, child_env, parse_bench, run_by_hand, run_local, run_single, run_tf2_pss  # noqa: E402
+from runs import PY, child_env, parse_bench, run_by_hand, run_hosts, run_local, run_single, run_tf2_pss  # noqa: E402
 from startup import IMPORTS, import_cost, tcp_loopback_bps, tf1_run_cost, tf_import_seconds  # noqa: E402
 #: The click-through rows' TFRecord shards: made by the first row that reads them, removed when the bench ends.
 CLICKS = os.path.join(tempfile.gettempdir(), f"tfcbench-clicks-{os.getpid()}")
@@ -247,6 +247,11 @@ def ctr_rows(steps):
         "ctr_async_f32": ("ctr", "tfcluster", local(fit("async"), extra=f32)),
         "ctr_async_noprefetch": ("ctr", "tfcluster", local(fit("async", 100_000, "--no-prefetch"))),
         "ctr_async_1ps": ("ctr", "tfcluster", local(fit("async"), ps=1, memory=True)),
+        # Each task on a host of its own, links of 200 Mbit/s (root: network namespaces): where the wire binds, as
+        # between machines, and 1 ps serves both workers' rows (B2 across links).
+        "ctr_links": ("ctr", "tfcluster", lambda: run_hosts(fit("async"), ps=1, timeout=900)),
+        "ctr_links_noprefetch": ("ctr", "tfcluster", lambda: run_hosts(fit("async", 100_000, "--no-prefetch"), ps=1,
+                                                                        timeout=900)),
         "ctr_async_ev": ("ctr", "tfcluster", local(fit("async", 100_000, "--embedding-variables"), memory=True)),
         # Fixed tables of the memory the embedding variables take on the stream (H = 50,000: 0.95-1.1 of their ps
         # peak in 1,000-step runs, 2026-11-30; every run reports both peaks, E1 their ratio).

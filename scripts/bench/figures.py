@@ -48,7 +48,8 @@ GROUPS = {
                                        for how in ("tfcluster", "by_hand", "single", "single_mode")],
     "Horovod program, digits CNN (TF1 mode)": ["hvd_cnn", "hvd_cnn_fp16", "hvd_cnn_collective", "hvd_cnn_single"],
     "click-through, 2 workers (2 ps unless named)": ["ctr_async", "ctr_async_f32", "ctr_async_noprefetch",
-                                                     "ctr_async_1ps", "ctr_sync", "ctr_raw_tf1", "ctr_raw_tf1_mode",
+                                                     "ctr_async_1ps", "ctr_links", "ctr_links_noprefetch",
+                                                     "ctr_sync", "ctr_raw_tf1", "ctr_raw_tf1_mode",
                                                      "ctr_tf2_pss", "ctr_async_h10k", "ctr_async_h1m", "ctr_sync_h1m",
                                                      "ctr_async_ev", "ctr_stream", "ctr_stream_ev",
                                                      "ctr_stream_f32", "ctr_stream_noprefetch", "ctr_async_bf16",
@@ -255,6 +256,8 @@ def _ctr(runs, thr, add, pair):
          ">= 1.3")
     pair("B2 click-through: next step's rows fetched during this one / not", "ctr_async", "ctr_async_noprefetch",
          "ctr", "tfcluster", ">= 1.0")
+    pair("B2 the same where a link binds (1 ps, hosts of their own, 200 Mbit/s links)", "ctr_links",
+         "ctr_links_noprefetch", "ctr", "tfcluster", ">= 1.0")
     aucs = {k: _per_run(runs, k, _auc) for k in ("ctr_stream", "ctr_stream_f32", "ctr_stream_noprefetch")}
     for name, other in (("B3 stream: held-out AUC points, bfloat16 math - float32 math", "ctr_stream_f32"),
                         ("B3 stream: held-out AUC points, rows prefetched - not (async's staleness)",

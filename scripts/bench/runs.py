@@ -145,3 +145,55 @@ def run_by_hand(workload, workers=2, timeout=600, **env_extra):
         raise RuntimeError(f"{' '.join(workload)} by hand failed (exits {[p.returncode for p in procs]}):\n"
                            f"{outs[0][1][-2000:]}")
     return dict(launched=launched, exited=time.time(), results=results, layout=layout(workers))
+
+
+#: What each host's link carries in the rows that give every task a host of its own (tc's token bucket).
+LINK_RATE = "200mbit"
+
+
+def run_hosts(workload, ps=1, workers=2, rate=LINK_RATE, timeout=900):
+    """Each task on a host of its own: network namespaces on one switch (tests/netns.py, link-local addresses),
+    every host's link limited to ``rate``, each task started by ``tfcluster start``. Root only: a step's bytes
+    then cross a link that binds, as between machines, where ``tfcluster local``'s loopback never does."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from netns import Hosts, unavailable_reason
+    why = unavailable_reason()
+    if why:
+        raise RuntimeError(f"hosts of their own need network namespaces: {why}")
+    procs = []
+    launched = time.time()
+    with Hosts(ps + workers) as hosts, tempfile.TemporaryDirectory(prefix="tfcbench-hosts-") as tmp:
+        for name in hosts.names:
+            subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
+                            rate, "burst", "256kb", "latency", "100ms"], check=True, capture_output=True, timeout=10)
+        # A namespace has a port space of its own, empty: the same port on every host is free.
+        spec = os.path.join(tmp, "cluster.json")
+        addresses = [f"{a}:2222" for a in hosts.addresses]
+        with open(spec, "w") as f:
+            json.dump({"ps": addresses[:ps], "worker": addresses[ps:]}, f)
+        start = [PY, "-m", "tfcluster", "start", "--cluster", spec]
+        try:
+            for i in range(ps + workers):
+                job, task = ("ps", i) if i < ps else ("worker", i - ps)
+                command = start + ["--job", job, "--task", str(task)]
+                command += ["--", PY, *workload] if job == "worker" else []
+                procs.append(subprocess.Popen(hosts.exec_prefix(i) + command, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                              env=child_env()))
+            outs = [p.communicate(timeout=timeout)[0] for p in procs[ps:]]
+            for p in procs[:ps]:            # a ps goes once its workers are done; one that does not is ended below
+                try:
+                    p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                    p.wait()
+    results = [r for out in outs for r in parse_bench(out)]
+    if any(p.returncode for p in procs[ps:]) or len(results) < workers:
+        raise RuntimeError(f"{' '.join(workload)} on hosts of their own failed "
+                           f"(exits {[p.returncode for p in procs]}):\n{outs[0][-2000:]}")
+    return dict(launched=launched, exited=time.time(), results=results,
+                layout=layout(workers, ps) + f", each on a host of its own ({rate} links)")
