@@ -240,6 +240,37 @@ def test_sigterm_ends_a_hosted_ps_and_worker_with_exit_0_and_frees_their_ports(t
     assert no_process_left(pids)
 
 
+#: tgkill(2)'s number: the one way to signal one thread of another process.
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_hosted_worker_stops_on_a_sigterm_that_the_kernel_hands_to_one_of_its_other_threads(tmp_path, procs,
+                                                                                             ports):
+    # kill(2) gives a process's signal to any thread that does not block it, and TF's and gRPC's threads do not.
+    # Python runs its handler on the main thread once that thread runs Python again: a main thread asleep on an
+    # event with no timeout never did, and the worker hosted on after its SIGTERM (CI, 2026-12-06).
+    import ctypes
+    import platform
+    p_ps, p_w = ports(2)
+    cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]})
+    spec = write_cluster(tmp_path, cluster)
+    ps = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0", env=raw_env(**REUSE))
+    worker = procs.cli("start", "--cluster", spec, "--job", "worker", "--task", "0", env=raw_env(**REUSE))
+    wait_up(cluster, Task("ps", 0))
+    wait_up(cluster, Task("worker", 0))
+    wait_until(lambda: psutil.Process(worker.pid).num_threads() > 1, 10, "worker:0's threads")
+    other = next(t.id for t in psutil.Process(worker.pid).threads() if t.id != worker.pid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(SYS_TGKILL[platform.machine()], worker.pid, other, signal.SIGTERM) == 0, ctypes.get_errno()
+    w_out, _ = worker.communicate(timeout=15)
+    assert worker.returncode == 0, w_out
+    assert "worker:0 stopped (signal)" in w_out
+    ps.send_signal(signal.SIGTERM)
+    assert ps.wait(timeout=30) == 0
+
+
 def test_a_ps_sigterm_drains_while_a_trainer_answers_but_not_once_every_trainer_is_done(ports, monkeypatch):
     p_ps, p_w = ports(2)
     cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]}, Task("ps", 0))

@@ -42,6 +42,8 @@ _DONE_CAPACITY = 4096
 _DONE_LINGER = 2.0
 #: Seconds between a ps's looks at its done queue.
 DONE_POLL_SECS = 0.1
+#: Seconds a hosting task's main thread sleeps at most, so a stop signal's handler runs within them.
+SIGNAL_POLL_SECS = 0.5
 
 
 def _done_queue(ps: Task):
@@ -132,7 +134,10 @@ def _serve(server, cluster: Cluster, task: Optional[Task], stop: threading.Event
     tf1 = tf.compat.v1
     t = cluster.this_task(task)
     if not exit_when_done:
-        stop.wait()
+        # Never an untimed wait: a stop signal the kernel hands to another thread (TF's, gRPC's) sets ``stop``
+        # only once this, the main thread, runs Python again (tests/test_server.py).
+        while not stop.wait(SIGNAL_POLL_SECS):
+            pass
         return Served.STOPPED
     expected = {str(x) for x in cluster.trainers()}
     graph = tf1.Graph()
