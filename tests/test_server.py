@@ -209,9 +209,8 @@ def test_a_hosted_worker_without_its_ps_fails_in_one_line_naming_the_ps(ports):
     assert port_is_free(p_w)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(150)
-def test_sigterm_ends_a_hosted_ps_and_worker_with_exit_0_and_frees_their_ports(tmp_path, procs, ports):
+def hosted_ps_and_worker(tmp_path, procs, ports):
+    """``(ps port, worker port, ps, worker)``: ``tfcluster start`` of a ps and of a worker with no command, both up."""
     p_ps, p_w = ports(2)
     cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]})
     spec = write_cluster(tmp_path, cluster)
@@ -219,6 +218,13 @@ def test_sigterm_ends_a_hosted_ps_and_worker_with_exit_0_and_frees_their_ports(t
     worker = procs.cli("start", "--cluster", spec, "--job", "worker", "--task", "0", env=raw_env(**REUSE))
     wait_up(cluster, Task("ps", 0))
     wait_up(cluster, Task("worker", 0))
+    return p_ps, p_w, ps, worker
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_sigterm_ends_a_hosted_ps_and_worker_with_exit_0_and_frees_their_ports(tmp_path, procs, ports):
+    p_ps, p_w, ps, worker = hosted_ps_and_worker(tmp_path, procs, ports)
     pids = family_pids(ps, worker)
 
     # A worker with no command hosts its server until it is told to stop.
@@ -253,13 +259,7 @@ def test_a_hosted_worker_stops_on_a_sigterm_that_the_kernel_hands_to_one_of_its_
     # event with no timeout never did, and the worker hosted on after its SIGTERM (CI, 2026-12-06).
     import ctypes
     import platform
-    p_ps, p_w = ports(2)
-    cluster = Cluster({"ps": [f"localhost:{p_ps}"], "worker": [f"localhost:{p_w}"]})
-    spec = write_cluster(tmp_path, cluster)
-    ps = procs.cli("start", "--cluster", spec, "--job", "ps", "--task", "0", env=raw_env(**REUSE))
-    worker = procs.cli("start", "--cluster", spec, "--job", "worker", "--task", "0", env=raw_env(**REUSE))
-    wait_up(cluster, Task("ps", 0))
-    wait_up(cluster, Task("worker", 0))
+    _, _, ps, worker = hosted_ps_and_worker(tmp_path, procs, ports)
     wait_until(lambda: psutil.Process(worker.pid).num_threads() > 1, 10, "worker:0's threads")
     other = next(t.id for t in psutil.Process(worker.pid).threads() if t.id != worker.pid)
     libc = ctypes.CDLL(None, use_errno=True)
