@@ -34,7 +34,7 @@ LAYERS = [
     [("runtime", [["runtime.server", "runtime.checkpoints", "runtime.preemption"], ["runtime.shutdown"],
                   ["runtime"]])],
     [("data", [["data.pipeline", "data.loaders"], ["data"]])],
-    [("graph", [["graph.model", "graph.placement", "graph.crossing", "graph.precision", "graph.inplace_reads",
+    [("graph", [["graph.gate"], ["graph.model", "graph.placement", "graph.crossing", "graph.precision", "graph.inplace_reads",
                 "graph.lazy_adam", "graph.step", "graph.sparse_updates"], ["graph.wire", "graph.repartition", "graph.prefetch"], ["graph.sparse", "graph.traffic"],
                 ["graph"]])],
     [("embedding", [["embedding.options"], ["embedding.variable"], ["embedding.saving", "embedding.updates"],

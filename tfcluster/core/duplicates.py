@@ -13,12 +13,29 @@ received twice`` although nothing was sent twice (docs/pitfalls.md, item 15;
 
 That worker rejected its part of the step before running it. It is no
 preemption: the step is rerun, not the session recreated from a checkpoint.
-Every place that runs a step (the strategies' runners, the training session,
-TF1 mode's ``Session.run``) reruns it through :func:`rerun`, with the same
-limit, :data:`ATTEMPTS`; code that runs its own sessions (TF1 scripts, the
-Estimator's queue runners) gets the same through :func:`rerun_in_every_session`.
+TF reports it in one of two forms, whichever of its two ways of ending the
+step's other parts wins a race: an ``AbortedError`` carrying the rejecting
+task's message, or a ``CancelledError`` of a part that was waiting on the
+rejected one, with the rejection after it (``CANCELLED: ...
+RecvFromRemoteAsync is cancelled``, then ``ABORTED: From /job:ps/...: The same
+RunGraph (Worker) request was received twice``; issue 67: a third of them in
+tests/test_false_duplicates.py). Both carry the rejection's text, and only the
+rejection does: that text is what :func:`is_false_duplicate` reads.
+
+Every run is rerun through :func:`rerun`, with the same limit,
+:data:`ATTEMPTS`: a session layer (:func:`rerun_in_every_session`) wraps
+``Session.run`` and the callables ``make_callable`` makes, installed by TF1
+mode and by every training session (fit, the Estimator, Keras), so a step, a
+checkpoint's save, a hook's read, a queue runner's step and the ps's done
+signal are all covered. A sync chief's step decides for itself
+(:func:`reruns_its_own`): it must not apply an update twice. A rerun costs
+nothing: what a trainer's part reads is gated on its ps tasks having taken
+the step (:mod:`tfcluster.graph.gate`), so the rerun trains the batch the
+rejected step would have. :func:`met` counts them; a trainer's run ends with
+the count (:func:`say_met`) where it met any.
 """
 
+import contextlib
 import logging
 import threading
 
@@ -34,13 +51,39 @@ ATTEMPTS = 5
 
 
 def is_false_duplicate(error) -> bool:
-    """True for TF's ``AbortedError: The same RunGraph request was received twice``."""
+    """True for a TF error that carries a task's "The same RunGraph (Worker) request was received twice", in any
+    of the forms TF reports it (an ``AbortedError``, a ``CancelledError`` of the step's other part; module doc)."""
     import tensorflow as tf
-    return isinstance(error, tf.errors.AbortedError) and DUPLICATE_MARK in str(error)
+    return isinstance(error, tf.errors.OpError) and DUPLICATE_MARK in str(error)
+
+
+_met = [0]
+_met_lock = threading.Lock()
+
+
+def note_met():
+    """Count one false duplicate met (see :func:`met`)."""
+    with _met_lock:
+        _met[0] += 1
+
+
+def met() -> int:
+    """How many false duplicates this process met: each one a run TF rejected, and ran again."""
+    return _met[0]
+
+
+def say_met(name: str, since: int = 0):
+    """The line that ends ``name``'s run where it met false duplicates (``met() - since`` of them): how many, and
+    that each was run again."""
+    count = met() - since
+    if count:
+        log.info("%s: TF falsely rejected %d run(s) as duplicate requests (TF 2.21's 32-bit request ids, pitfalls "
+                 "item 15); each was run again", name, count)
 
 
 def warn_rerun(attempt: int, attempts: int = ATTEMPTS, what: str = "a step"):
-    """Say that ``what`` is run again as attempt ``attempt`` of ``attempts``."""
+    """Say that ``what`` is run again as attempt ``attempt`` of ``attempts`` (and count the false duplicate)."""
+    note_met()
     log.warning("TF rejected %s as a duplicate request although it was sent once (TF 2.21's 32-bit "
                 "request ids, pitfalls item 15); running it again (attempt %d of %d)", what, attempt, attempts)
 
@@ -58,6 +101,20 @@ def rerun(fn, *args, attempts: int = ATTEMPTS, **kwargs):
 
 #: The last Aborted or Unavailable error a patched session let through, per thread (``.text``).
 last_failure = threading.local()
+#: ``.active`` on a thread inside :func:`reruns_its_own`.
+_own = threading.local()
+
+
+@contextlib.contextmanager
+def reruns_its_own():
+    """The runs this thread makes inside are not rerun by the session layer: their caller decides what a false
+    duplicate means (a sync chief's step, which must never apply twice: strategies/sync_run.py)."""
+    outer = getattr(_own, "active", False)
+    _own.active = True
+    try:
+        yield
+    finally:
+        _own.active = outer
 
 
 def _rerunning(fn, attempts=ATTEMPTS):
@@ -66,6 +123,8 @@ def _rerunning(fn, attempts=ATTEMPTS):
     preemptions = (tf.errors.AbortedError, tf.errors.UnavailableError)
 
     def run(*args, **kwargs):
+        if getattr(_own, "active", False):
+            return fn(*args, **kwargs)
         try:
             return rerun(fn, *args, attempts=attempts, **kwargs)
         except preemptions as e:
@@ -79,7 +138,7 @@ def _rerunning(fn, attempts=ATTEMPTS):
 patches.register_session_layer(patches.SessionLayer(
     "rerun-false-duplicates", 0, "a step TF rejected as a duplicate request although it was sent once is run "
     "again (pitfalls item 15); the preemption it lets through is noted for the recovery warning",
-    lambda session, fn: _rerunning(fn), "TF1 mode; the Estimator's training graph"))
+    lambda session, fn: _rerunning(fn), "TF1 mode; every training session (training/session.py)"))
 
 
 def rerun_in_every_session():

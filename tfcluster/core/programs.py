@@ -69,6 +69,11 @@ class Program:
             raise TfclusterError(f"no such script: {argv[0]}")
         return cls(argv[0], None, tuple(argv[1:]))
 
+    @property
+    def name(self) -> str:
+        """How logs name it: the script's file name, or the module's."""
+        return os.path.basename(self.script) if self.script is not None else self.module
+
     def run(self, one_line: Callable = lambda error: None) -> int:
         """Run it as ``__main__`` as ``python script.py ARGS`` (or ``python -m module``) would; 0 when it returns.
 

@@ -7,7 +7,8 @@ tasks by bytes, a big table in one part per ps (:mod:`tfcluster.graph.placement`
 tasks and itself, a non-chief starts within a second of the chief instead of
 waiting TF's 30 s (or the Estimator's extra (task_id + 1) x 5 s), a lost ps
 or worker is recovered a bounded number of times, and false duplicate
-aborts are rerun. The chief checkpoints and writes summaries in ``model_dir``.
+aborts are rerun (by the training session, for every run of the process).
+The chief checkpoints and writes summaries in ``model_dir``.
 """
 
 import contextlib
@@ -18,7 +19,6 @@ import time
 
 import tensorflow as tf
 
-from ..core.duplicates import rerun_in_every_session
 from ..core.errors import ModelFnError, TfclusterError
 from ..core.tferrors import cause, hint
 from ..graph import prefetch
@@ -148,7 +148,6 @@ def train_on(estimator, input_fn, hooks, steps, max_steps, saving_listeners) -> 
     if cluster is not None and not cluster.this_task().trains:
         raise TfclusterError(f"Estimator.train runs on the chief and the workers, not on {cluster.task}; "
                              "use tf.estimator.train_and_evaluate, which gives every task its role")
-    rerun_in_every_session()     # queue runners and the SyncReplicasOptimizer hook run steps of their own
     collective = collective_of(config)
     towers = towers_of(config)          # several replicas in each training process, or None
     # With all-reduce every worker initialises its own copy (then takes worker 0's); only the chief saves.

@@ -3,6 +3,8 @@
 - :mod:`.model`: the model contract (``model_fn``, ``input_fn``) and the loss scaled to the global batch;
 - :mod:`.placement`: byte-balanced ps placement, partitioning, the placement report;
 - :mod:`.crossing`: tensors that cross between two devices in a step travel packed, one transfer for them all;
+- :mod:`.gate`: a trainer's step reads its input only once every ps took the step, so a step TF falsely
+  rejects is rerun on what it would have read (and what a *source* of a step is);
 - :mod:`.prefetch`: the next step's rows fetched during this step (a batch's lookups staged one step ahead);
 - :mod:`.precision`: bfloat16 math where the CPU has it (oneDNN's automatic mixed precision);
 - :mod:`.wire`: the 16-bit wire: weights and gradients cross in bfloat16, the ps keeps float32;

@@ -44,19 +44,14 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 import contextlib
 import math
 import threading
-import weakref
 from dataclasses import dataclass, field
+
+from . import gate
+from .gate import PLACEHOLDERS, in_control_flow as _in_control_flow, is_source
 
 #: The gradient of a crossing: the incoming gradient crossing back to where the tensor was made.
 _GRADIENT = "TfclusterCrossing"
 
-#: Stateful ops that are no source: reading (or naming) a variable changes nothing.
-_NOT_SOURCES = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "Variable", "VarIsInitializedOp",
-                          "ResourceGather", "ResourceGatherNd", "LookupTableFindV2", "LookupTableSizeV2",
-                          "HashTableV2", "MutableHashTableV2", "MutableDenseHashTable",
-                          "MutableHashTableOfTensorsV2", "Const"})
-#: Ops whose value is fed: each step its own (so neither packed with another step's nor staged ahead).
-PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
 #: What packs: fixed-size numbers (strings, resources and variants cannot be concatenated into one buffer).
 _PACKABLE = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
              "uint16", "uint32", "uint64")
@@ -96,16 +91,7 @@ class _State:
     packs: int = 0
 
 
-_STATES = weakref.WeakKeyDictionary()
-_STATES_LOCK = threading.Lock()
-
-
-def _state(graph) -> _State:
-    with _STATES_LOCK:
-        state = _STATES.get(graph)
-        if state is None:
-            state = _STATES[graph] = _State()
-        return state
+_state = gate.PerGraph(_State)
 
 
 def crossings(graph) -> list:
@@ -202,10 +188,6 @@ def _crossing_gradient(op, grad):
 
 
 # ---------------------------------------------------------------- packing
-def _in_control_flow(op) -> bool:
-    return op._get_control_flow_context() is not None  # noqa: SLF001 (TF's only way to ask)
-
-
 def _packable(c: Crossing) -> bool:
     dtype = c.sent.dtype
     if dtype != dtype.base_dtype or dtype.name not in _PACKABLE:
@@ -218,36 +200,14 @@ def _packable(c: Crossing) -> bool:
     return dtype.name in _SIZED and c.sent.shape.rank is not None and c.sent.shape[1:].is_fully_defined()
 
 
-class _Walk:
-    """Each op's level (crossings before it on any path) and sources, memoised over a graph."""
-
-    def __init__(self, by_op):
-        self.by_op = by_op
-        self.memo = {}
-
-    def of(self, op):
-        """``(level, sources)`` of what ``op`` outputs: crossings count one more where they are."""
-        stack = [(op, False)]
-        while stack:
-            node, ready = stack.pop()
-            if node.name in self.memo:
-                continue
-            inputs = [t.op for t in node.inputs] + list(node.control_inputs)
-            if not ready:
-                stack.append((node, True))
-                stack.extend((i, False) for i in inputs if i.name not in self.memo)
-                continue
-            level, sources = 0, set()
-            for i in inputs:
-                lv, src = self.memo[i.name]
-                level, sources = max(level, lv), sources | src
-            if node.type in PLACEHOLDERS or (node.op_def is not None and node.op_def.is_stateful
-                                              and node.type not in _NOT_SOURCES):
-                sources.add(node.name)
-            if node.name in self.by_op:
-                level += 1
-            self.memo[node.name] = (level, frozenset(sources))
-        return self.memo[op.name]
+def _walk(by_op) -> gate.Walk:
+    """Each op's ``(level, sources)``: crossings before it on any path (counting one more where one is), and the
+    names of the sources it depends on."""
+    def value(op, inputs):
+        level = max((lv for lv, _ in inputs), default=0) + (1 if op.name in by_op else 0)
+        found = frozenset().union(*(src for _, src in inputs))
+        return level, (found | {op.name} if is_source(op) else found)
+    return gate.Walk(value, (0, frozenset()))
 
 
 def pack(graph) -> int:
@@ -261,7 +221,7 @@ def pack(graph) -> int:
         copy_small_constants(graph)
         for c in pending:
             c.packed = True
-        walk = _Walk(state.by_op)
+        walk = _walk(state.by_op)
         groups, alone = {}, []
         for c in pending:
             # A crossing nothing reads (a table's whole read, made with the table) must not ride along a pack.
@@ -303,10 +263,10 @@ def copy_small_constants(graph) -> int:
         value = op.get_attr("value")
         if len(value.SerializeToString()) > SMALL_CONSTANT_BYTES:
             continue
-        here = _task(op.device)
+        here = gate.task_of_device(op.device)
         made = {}
         for reader in {c for c in op.outputs[0].consumers()}:
-            if not reader.device or _task(reader.device) == here or _in_control_flow(reader):
+            if not reader.device or gate.task_of_device(reader.device) == here or _in_control_flow(reader):
                 continue
             device = device_of(reader)
             if device not in made:
@@ -318,11 +278,6 @@ def copy_small_constants(graph) -> int:
                 if x is op.outputs[0]:
                     reader._update_input(i, made[device])  # noqa: SLF001 (before any session ran the graph)
     return copies
-
-
-def _task(device: str):
-    spec = _tf().DeviceSpec.from_string(device or "")
-    return spec.job, spec.task
 
 
 def _device(name: str) -> str:
@@ -415,15 +370,19 @@ def pending(graph) -> int:
 def _packing_first(method):
     def wrapped(self, *args, **kwargs):
         graph = getattr(self, "_graph", None) if method.__name__ == "_extend_graph" else self
-        if graph is not None and not graph.finalized and pending(graph):
-            pack(graph)
+        if graph is not None and not graph.finalized:
+            if pending(graph):
+                pack(graph)
+            if gate.pending(graph):
+                gate.gate(graph)       # after packing: a ticket reads a pack where the weights travel in one
         return method(self, *args, **kwargs)
     wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__ = method.__name__, method.__doc__, method
     return wrapped
 
 
 def install():
-    """Pack every graph's crossings before its first step and before it is finalized (idempotent, per process)."""
+    """Pack every graph's crossings, and gate what a trainer's step reads (graph/gate.py), before its first step
+    and before it is finalized (idempotent, per process)."""
     from ..core import patches
     patches.install("crossing.pack_before_run")
     patches.install("crossing.pack_before_finalize")
@@ -433,13 +392,16 @@ def _register_patches():
     from ..core import patches
     patches.register(patches.Patch(
         "crossing.pack_before_run", "tensorflow.python.client.session:BaseSession._extend_graph",
-        "a graph's crossings between devices are packed (one transfer per pair of devices and step) before a "
-        "session first sends it to TF's runtime", _packing_first, "fit's ps strategies, the Estimator, TF1 mode",
+        "a graph's crossings between devices are packed (one transfer per pair of devices and step), and what a "
+        "trainer's step reads waits for its ps tasks to take the step (graph/gate.py), before a session first "
+        "sends its ops to TF's runtime", _packing_first, "fit's ps strategies, the Estimator, TF1 mode, every "
+        "training session",
         params=("self",)))
     patches.register(patches.Patch(
         "crossing.pack_before_finalize", "tensorflow.python.framework.ops:Graph.finalize",
-        "crossings are packed before a graph is finalized (MonitoredTrainingSession and the Supervisor "
-        "finalize it before their first session)", _packing_first, "fit's ps strategies, the Estimator, TF1 mode",
+        "crossings are packed and a step's reads gated before a graph is finalized (MonitoredTrainingSession "
+        "and the Supervisor finalize it before their first session)", _packing_first, "fit's ps strategies, the "
+        "Estimator, TF1 mode, every training session",
         params=("self",)))
 
 

@@ -42,7 +42,7 @@ from typing import Optional
 
 from ..core import environment
 from ..core.errors import SpecError
-from . import crossing
+from . import crossing, gate
 
 log = logging.getLogger("tfcluster")
 
@@ -161,7 +161,7 @@ def _stage_ops(ends):
         op = stack.pop()
         if op in stage:
             continue
-        if op.type in crossing.PLACEHOLDERS:
+        if op.type in gate.PLACEHOLDERS:
             return stage, f"its lookups' ids depend on the fed value {op.name}"
         if op._get_control_flow_context() is not None:       # noqa: SLF001 (TF's only way to ask)
             return stage, f"its lookups' ids are computed inside control flow ({op.name})"
@@ -204,8 +204,17 @@ def _rewire(graph, worker: str, boundary: dict, stage, rows) -> Staging:
             name = _area_name(worker, device)
             with tf1.device(device or None):
                 area = _area(tensors, name)
-                puts.append(area.put(tensors))
-                got = area.get()
+                put = area.put(tensors)
+                if gate.task_of_device(device)[0] == gate.PS_JOB:
+                    # A ps keeps the batch until the next one is in: a step whose worker part TF rejected
+                    # (graph/gate.py) leaves its area as it was, so the rerun reads the same batch there.
+                    got = area.peek(0)
+                    with tf.control_dependencies([put]):
+                        dropped = area.get(name="drop")
+                    put = (dropped[0] if isinstance(dropped, (list, tuple)) else dropped).op
+                else:
+                    got = area.get()
+                puts.append(put)
             got = got if isinstance(got, (list, tuple)) else [got]
             for (reader, index), k in readers.items():
                 reader._update_input(index, got[k])  # noqa: SLF001 (before any session ran the graph)

@@ -39,8 +39,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..core.duplicates import rerun
-
 #: What ``before_run`` returns: fetches to run along with the step (TF's SessionRunArgs has the same fields).
 RunArgs = collections.namedtuple("RunArgs", ["fetches", "feed_dict", "options"])
 RunArgs.__new__.__defaults__ = (None, None)
@@ -153,14 +151,13 @@ class StepRunner:
 
     def step(self, request=None) -> StepResult:
         """Run one step, fetching what ``request`` (hooks' :class:`~tfcluster.training.hooks.RunArgs`) asks along."""
-        # A step that TF falsely rejects ran nowhere but, with several ps, perhaps in
-        # part on another ps: an async update is then applied partly twice, which
-        # async training absorbs like any stale gradient.
+        # A step TF falsely rejects is run again by the session layer (core/duplicates.py); what it read is
+        # gated on its ps tasks having taken it (graph/gate.py), so the rerun reads what it would have.
         if request is None:
-            gs, loss = rerun(self._run, options=self.step_options)
+            gs, loss = self._run(options=self.step_options)
             return StepResult(int(gs), float(loss))
-        (gs, loss), results, meta = rerun(run_with_request, self._session.run, [self.train_fetch, self.loss],
-                                          request, self.step_options)
+        (gs, loss), results, meta = run_with_request(self._session.run, [self.train_fetch, self.loss], request,
+                                                     self.step_options)
         return StepResult(int(gs), float(loss), results, meta)
 
 

@@ -19,7 +19,6 @@ A dataset's batch is read first, on this worker, then fed.
 
 import math
 
-from ..core.duplicates import rerun
 from ..graph.step import StepResult, StepRunner, global_step_after
 from ..runtime.preemption import StepInterrupted
 
@@ -84,7 +83,7 @@ class KerasStep(StepRunner):
         function = self.function
         options = request.options if request is not None and request.options is not None else self.step_options
         if connected:
-            batch = rerun(self._session.run, [t for _, t in connected], options=self.step_options)
+            batch = self._session.run([t for _, t in connected], options=self.step_options)
             fed = fed + [p for p, _ in connected]
             values = values + [np.asarray(v, dtype=p.dtype.as_numpy_dtype) for (p, _), v in zip(connected, batch)]
         hook_feeds = dict(request.feed_dict or {}) if request is not None else {}
@@ -98,7 +97,7 @@ class KerasStep(StepRunner):
             call = self._callables[key] = self._session.make_callable(fetches, feed_list=fed + list(hook_feeds),
                                                                       accept_options=True)
         meta = tf.compat.v1.RunMetadata() if request is not None and request.options is not None else None
-        got = rerun(call, *values, *hook_feeds.values(), options=options, run_metadata=meta)
+        got = call(*values, *hook_feeds.values(), options=options, run_metadata=meta)
         self.outputs = list(got[1])
         for fetch, value in zip(function.fetches, got[2]):
             if fetch in function.fetch_callbacks:    # a tf-keras callback's own fetch (TensorBoard's)

@@ -19,7 +19,7 @@ import time
 
 from ..core import environment
 from ..core.checks import seconds, seconds_from
-from ..core.duplicates import ATTEMPTS, is_false_duplicate, rerun, warn_rerun
+from ..core.duplicates import ATTEMPTS, is_false_duplicate, note_met, rerun, reruns_its_own, warn_rerun
 from ..core.errors import SyncStallError
 from ..graph.step import StepResult, StepRunner, run_with_request
 
@@ -43,6 +43,7 @@ def stall_defaults(warn_secs=None, timeout_secs=None) -> tuple:
 def _warn_rejected(step: int, applied: bool, attempt: int):
     """Say that TF falsely rejected (part of) sync step ``step`` and what happens next."""
     if applied:
+        note_met()
         log.warning("TF falsely rejected part of sync step %d as a duplicate request (pitfalls item 15) "
                     "after the global step moved on; with several ps, some of them may have missed that "
                     "one update", step)
@@ -116,14 +117,16 @@ class SyncWaits:
         first = first or (lambda options: (*self._first(options=options), None, None))
         try:
             if self.chief:
-                out = self._first_on_chief(first)
+                with reruns_its_own():
+                    out = self._first_on_chief(first)
             else:
-                # Pushes and waits are idempotent, so a falsely rejected one is simply rerun.
-                out = rerun(first, self.options)
+                # Pushes and waits are idempotent: a falsely rejected one is simply rerun (the session layer).
+                out = first(self.options)
         except self.tf.errors.DeadlineExceededError:
             got, loss = self._wait(started)
             if self.chief:
-                got = self._apply_step(int(got))
+                with reruns_its_own():
+                    got = self._apply_step(int(got))
             out = (got, loss, None, None)
         self.steps_done += 1
         return out
@@ -133,13 +136,13 @@ class SyncWaits:
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 return first(self.options)
-            except self.tf.errors.AbortedError as e:
+            except self.tf.errors.OpError as e:
                 if attempt == ATTEMPTS or not is_false_duplicate(e):
                     raise
-            step, gs, _ = self._report()
+            step, gs, _ = rerun(self._report)
             _warn_rejected(step, gs > step, attempt)
             if gs > step:
-                return int(rerun(self._settle)), float(self._loss_now()), None, None
+                return int(rerun(self._settle)), float(rerun(self._loss_now)), None, None
 
     def _apply_step(self, step):
         """Apply sync step ``step`` once (after a stalled wait), even when TF falsely rejects part of it."""
@@ -153,7 +156,7 @@ class SyncWaits:
                 return gs
             try:
                 return self._apply()
-            except self.tf.errors.AbortedError as e:
+            except self.tf.errors.OpError as e:
                 if attempt == ATTEMPTS or not is_false_duplicate(e):
                     raise
 
@@ -167,7 +170,7 @@ class SyncWaits:
                 self._log_stall(waited)
                 next_report = waited + self.warn_secs
             try:
-                return rerun(self._retry, options=self.options)
+                return self._retry(options=self.options)
             except self.tf.errors.DeadlineExceededError:
                 pass
 

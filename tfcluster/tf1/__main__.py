@@ -18,6 +18,7 @@ stalled for good).
 import os
 import sys
 
+from ..core import duplicates
 from ..core.errors import TfclusterError
 from ..core.exits import EXIT_USAGE, run_as_main
 from ..core.logs import setup_program_logging
@@ -91,7 +92,10 @@ def main(argv=None) -> int:
         return fail(f"cannot import TensorFlow for TF1 mode: {e}", EXIT_USAGE)
     except TfclusterError as e:         # a TFCLUSTER_* setting TF1 mode reads, say
         return fail(str(e), e.exit_code)
-    return program.run(_one_line_cause)
+    try:
+        return program.run(_one_line_cause)
+    finally:
+        duplicates.say_met(program.name)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import os
 import time
 from typing import Optional
 
+from ..core import duplicates
 from ..graph.step import RunArgs, StepContext, StepValues
 from ..runtime.preemption import Preempted, SigtermWatch, StepInterrupted
 from .hooks import CheckpointHook
@@ -107,6 +108,7 @@ class TrainingLoop:
         self.hooks = session.hooks
         self._last_step, self._steps = last_step, steps
         self.ctx = self.sigterm = None
+        self._duplicates = duplicates.met()     # the false duplicates met before this run
 
     def __enter__(self):
         gs = self.session.global_step()
@@ -151,6 +153,7 @@ class TrainingLoop:
                 getattr(hook, "interrupted", lambda step: None)(self.ctx.global_step)     # TF's hooks have none
         for hook in self.hooks:
             hook.end(self.session.session)
+        duplicates.say_met(self.name, self._duplicates)
 
     def __exit__(self, kind, error, tb):
         self.session.train_graph.runner.on_stall.remove(self.sigterm.check)

@@ -22,10 +22,10 @@ import threading
 import time
 from typing import Optional
 
-from ..core.duplicates import rerun
+from ..core.duplicates import rerun_in_every_session
 from ..core.errors import ClusterUnreachableError, RecoveryLimitError, StepTimeoutError
 from ..core.tferrors import recoverable, summary
-from ..graph import precision
+from ..graph import crossing, precision
 from ..runtime.server import READY_POLL_SECS, TaskState, wait_for_cluster
 from .chief import ChiefStart
 
@@ -61,6 +61,13 @@ def _join_closers(timeout: float = 10.0):
     deadline = time.monotonic() + timeout
     for t in _closers:
         t.join(max(0.0, deadline - time.monotonic()))
+
+
+def rerun_exactly():
+    """Every run TF falsely rejects in this process is run again (a step, a save, a hook's read), and reads what
+    the rejected one would have: a step's input waits for its ps tasks to take the step (graph/gate.py)."""
+    rerun_in_every_session()
+    crossing.install()
 
 
 def start_input(session, coord, graph, prime=None):
@@ -111,6 +118,7 @@ class TrainingSession:
                  step_timeout_secs: float = STEP_TIMEOUT_SECS):
         import tensorflow as tf
         self.tf = tf
+        rerun_exactly()
         self.train_graph = train_graph
         self.graph = tf.compat.v1.get_default_graph()
         self.target, self.config = target, config
@@ -275,7 +283,7 @@ class TrainingSession:
         times out names the silent task, as a step does)."""
         while True:
             try:
-                return rerun(fn, self.session)
+                return fn(self.session)
             except self.tf.errors.DeadlineExceededError as e:
                 self._recover(self._silent(e))
             except Exception as e:
