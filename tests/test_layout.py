@@ -61,7 +61,7 @@ LAYERS = [
     [("tf1", [["tf1.distribute", "tf1.slim", "tf1.estimator_paths"], ["tf1.contrib", "tf1.mnist", "tf1.mnist_model", "tf1.robust"], ["tf1.overrides"], ["tf1.deeprec"],
               ["tf1"],
               ["tf1.__main__"], ["tf1.forkserver"]]),
-     ("tf2", [["tf2.strategies", "tf2.names", "tf2.servers", "tf2.faults", "tf2.preemption"], ["tf2.checkpoints", "tf2.keras3"], ["tf2"], ["tf2.__main__"]])],
+     ("tf2", [["tf2.strategies", "tf2.names", "tf2.servers", "tf2.faults", "tf2.preemption", "tf2.progress"], ["tf2.checkpoints", "tf2.keras3", "tf2.collectives"], ["tf2"], ["tf2.__main__"]])],
     [("cli", [["cli.common"], ["cli.start", "cli.local", "cli.spec", "cli.status"], ["cli.horovodrun"], ["cli"]])],
     [("", [["__init__", "__main__"]])],
 ]

@@ -9,7 +9,11 @@ runs the script as ``__main__`` after :func:`install`, which makes
 - ``MirroredStrategy``, ``CentralStorageStrategy`` and ``OneDeviceStrategy``
   one model over every trainer of TF_CONFIG's cluster (:mod:`.strategies`),
   and a trainer that trains a private copy there say so once;
-- a non-chief trainer's checkpoints written aside, so the chief's do not race (:mod:`.checkpoints`);
+- the collective runtime ready from the program's first line, so data and models may come before
+  the strategy (:mod:`.collectives`);
+- what Keras prints mid-epoch on several trainers is what one process prints (:mod:`.progress`);
+- a non-chief trainer's checkpoints and SavedModels written aside, so the chief's do not race
+  (:mod:`.checkpoints`);
 - a worker or ps left in ``server.join()`` (TF 2's ParameterServerStrategy) ends with its chief
   (:mod:`.servers`);
 - a trainer whose all-reduce group lost a member says so in one line naming it, exit 3 (:mod:`.faults`);
@@ -18,7 +22,8 @@ runs the script as ``__main__`` after :func:`install`, which makes
 
 docs/tf2.md lists what the mode covers. Importing this package does not import
 TensorFlow. Its modules: :mod:`.strategies` (the cluster's strategies),
-:mod:`.names` (the table of names and their patches), :mod:`.checkpoints`
+:mod:`.names` (the table of names and their patches), :mod:`.collectives`
+(the collective runtime from the first op), :mod:`.progress` (Keras's mid-epoch values), :mod:`.checkpoints`
 (a non-chief's writes aside), :mod:`.servers` (``join()`` until the chief
 ends), :mod:`.faults` (a lost trainer in one line), :mod:`.keras3` (Keras 2's
 names under Keras 3), :mod:`.preemption` (SIGTERM given back), ``__main__``
@@ -47,10 +52,13 @@ def install():
     from ..topology.taskenv import import_tensorflow
     import_tensorflow()
     from ..core import patches
-    from . import checkpoints, names, preemption, servers, strategies
-    for name in names.PATCHES + strategies.PATCHES + checkpoints.PATCHES + servers.PATCHES + preemption.PATCHES:
+    from ..topology.cluster import Cluster
+    from . import checkpoints, collectives, names, preemption, progress, servers, strategies
+    for name in (names.PATCHES + strategies.PATCHES + collectives.PATCHES + progress.PATCHES + checkpoints.PATCHES
+                 + servers.PATCHES + preemption.PATCHES):
         patches.install(name)
     names.refuse_estimator_packages()
+    collectives.configure(Cluster.from_environment())
     _installed = True
 
 

@@ -3,8 +3,8 @@
 Also ``python -m tfcluster.tf2 -m package.module ARGS...``. The script runs as
 ``__main__`` with ``sys.argv = [script.py, ARGS...]`` after TF2 mode is
 installed (see the package docstring and docs/tf2.md). Exit codes: the
-script's own; 2 for bad usage, a strategy argument TF 2.21 cannot honour here,
-or a Keras 2 name Keras 3 lacks (:mod:`.keras3`); 3 when a trainer of the
+script's own; 2 for bad usage, a strategy TF 2.21 cannot build as asked here,
+a Keras 2 name Keras 3 lacks or TensorBoard missing (:mod:`.keras3`); 3 when a trainer of the
 all-reduce group is gone (:mod:`.faults`); each said in one line, no
 traceback. tfcluster's own errors exit with their code.
 """
@@ -24,7 +24,7 @@ def _one_line_cause(error):
     a trainer lost to the all-reduce group (:mod:`.faults`), or of a Keras 2 name Keras 3 lacks (:mod:`.keras3`);
     None: the traceback is the program's."""
     from .faults import lost_peer_line
-    from .keras3 import keras3_line
+    from .keras3 import keras3_line, tensorboard_line
     seen, first = set(), error
     while error is not None and id(error) not in seen:          # the error and those it was raised from
         seen.add(id(error))
@@ -34,7 +34,7 @@ def _one_line_cause(error):
         if lost is not None:
             return lost
         error = error.__cause__ or error.__context__
-    return keras3_line(first)
+    return tensorboard_line(first) or keras3_line(first)
 
 
 def main(argv=None) -> int:

@@ -47,6 +47,17 @@ def _multi_worker_fit(error) -> bool:
     return trainers_spec(Cluster.from_environment()) is not None
 
 
+def tensorboard_line(error) -> Optional[Tuple[str, int]]:
+    """``(line, 2)`` when ``error`` is TensorBoard missing (Keras's ``TensorBoard`` callback, ``tf.summary``): TF
+    2.0-2.15 installed it with TensorFlow, TF 2.21 does not, and the legacy extra brings it; else None."""
+    missing = type(error).__name__ == "TBNotInstalledError" or (
+        isinstance(error, ImportError) and (getattr(error, "name", None) or "").split(".")[0] == "tensorboard")
+    if not missing:
+        return None
+    return (f"{str(error).splitlines()[0]}: TensorFlow 2.0-2.15 installed TensorBoard with it, and 2.21 does not; "
+            f"install it with tfcluster's legacy extra (pip install 'tfcluster[legacy]') (docs/tf2.md)"), EXIT_USAGE
+
+
 def keras3_line(error) -> Optional[Tuple[str, int]]:
     """``(line, 2)`` when ``error`` is Keras 3 lacking what a Keras 2 program needs, in a process whose tf.keras
     is Keras 3; else None."""

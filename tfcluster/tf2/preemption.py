@@ -43,14 +43,19 @@ def _stop_now(signum, frame):
     os._exit(PREEMPTED_EXIT)
 
 
+def stop_at_sigterm():
+    """Hand SIGTERM back to the process (after TF's coordination service started and took it)."""
+    try:
+        signal.signal(signal.SIGTERM, _stop_now)
+    except ValueError:          # started off the main thread: TF keeps the signal
+        pass
+
+
 def sigterm_back(original):
     """``CollectiveAllReduceExtended._initialize_multi_worker`` that hands SIGTERM back to the process after it."""
     def _initialize_multi_worker(self, cluster_resolver, *args, **kwargs):
         result = original(self, cluster_resolver, *args, **kwargs)
-        try:
-            signal.signal(signal.SIGTERM, _stop_now)
-        except ValueError:          # a strategy made off the main thread: TF keeps the signal
-            pass
+        stop_at_sigterm()
         return result
     return _initialize_multi_worker
 

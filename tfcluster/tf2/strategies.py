@@ -15,6 +15,7 @@ programs run eagerly in ``tf.function``\\ s, which TF's strategy drives; tfclust
 collective strategy builds TF 1.x graphs for ``fit`` (docs/tf2.md).
 """
 
+import itertools
 import logging
 import threading
 from typing import Optional
@@ -25,12 +26,17 @@ from ..topology.cluster import Cluster, Role
 
 log = logging.getLogger("tfcluster")
 
+#: How far apart the collective keys of two cluster strategies of one process start (TF's tests space theirs so).
+COLLECTIVE_KEY_STRIDE = 100000
+_built = itertools.count()
+
 #: The strategies a TF 2 program builds for one process that become the cluster's on several trainers.
 ONE_PROCESS = ("MirroredStrategy", "CentralStorageStrategy", "OneDeviceStrategy")
 
 
 class StrategyArgumentError(TfclusterError, ValueError):
-    """A strategy argument TF 2.21 cannot honour on this machine or cluster (one line, exit 2)."""
+    """A strategy TF 2.21 cannot build as asked on this machine or cluster: an argument, or the order of the
+    program's lines (one line, exit 2)."""
 
 
 def trainers_spec(cluster: Cluster) -> Optional[dict]:
@@ -111,8 +117,15 @@ def multi_worker(kind: str, cluster: Cluster, devices=None, cross_device_ops=Non
     log.info("%s on a cluster of %d trainers: one model over all of them (TF's MultiWorkerMirroredStrategy, "
              "gradients all-reduced)%s", kind, cluster.num_replicas,
              f"; the {unused} ps task(s) are unused (--ps 0 leaves them out)" if unused else "")
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
-                                                     communication_options=_communication(cross_device_ops))
+    # Each strategy of the process gets collective keys of its own: TF numbers every MultiWorkerMirroredStrategy's
+    # from the same base, and a program that builds a second (TF's save-and-load tutorial loads its model in a
+    # OneDeviceStrategy after training in a MirroredStrategy) then reuses the first's keys for other tensors:
+    # "Collective instance 109 expected type 1 and data_type 9 but got ... data_type 1". Every trainer runs the
+    # same lines, so the n-th strategy has the same keys on each.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy.__new__(tf.distribute.MultiWorkerMirroredStrategy)
+    strategy._collective_key_base = COLLECTIVE_KEY_STRIDE * next(_built)
+    strategy.__init__(cluster_resolver=resolver, communication_options=_communication(cross_device_ops))
+    return strategy
 
 
 def on_cluster(original, kind: str, arguments):
