@@ -389,6 +389,39 @@ def test_tfs_distributed_input_tutorial_shares_each_global_batch_out_over_the_wo
     assert sorted(sum(w0["OFF"], [])) == sorted(sum(w1["OFF"], [])) == everything
 
 
+#: A machine without TensorBoard (TF 2.21 does not install it): importing tensorboard fails as it would there.
+NO_TENSORBOARD = NO_TF_KERAS.replace("tf_keras", "tensorboard")
+
+TENSORBOARD = """
+import sys
+import tensorflow as tf
+model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+model.compile("sgd", "mse")
+model.fit(tf.ones((4, 2)), tf.ones((4, 1)), callbacks=[tf.keras.callbacks.TensorBoard(log_dir=sys.argv[1])], verbose=0)
+print("fitted", flush=True)
+"""
+
+
+@pytest.mark.timeout(200)
+def test_the_tutorials_tensorboard_callback_runs_and_without_tensorboard_is_one_line_naming_the_legacy_extra(tmp_path):
+    program = tmp_path / "tensorboard_callback.py"      # not tensorboard.py: it would shadow the package
+    program.write_text(TENSORBOARD)
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf2", str(program), str(tmp_path / "logs")],
+                       capture_output=True, text=True, timeout=150, env=base_env())
+    assert r.returncode == 0 and "fitted" in r.stdout, r.stderr[-3000:]
+    assert list((tmp_path / "logs" / "train").iterdir()), "the callback wrote no event file"
+    folder = tmp_path / "no_tensorboard"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(NO_TENSORBOARD)
+    env = base_env()
+    env["PYTHONPATH"] = f"{folder}{os.pathsep}{env['PYTHONPATH']}"
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf2", str(program), str(tmp_path / "logs2")],
+                       capture_output=True, text=True, timeout=150, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert re.search(r"^tfcluster: error: TensorBoard is not installed.*2\.21 does not; install it with tfcluster's "
+                     r"legacy extra \(pip install 'tfcluster\[legacy\]'\)", r.stderr, re.M), r.stderr[-3000:]
+
+
 DATA_FIRST = """
 import tensorflow as tf
 x = tf.random.uniform((4, 2), seed=1)
@@ -460,9 +493,24 @@ def test_without_tf_keras_a_keras_2_name_the_program_uses_is_one_line_naming_the
 @pytest.mark.timeout(300)
 def test_tfs_multi_worker_keras_tutorial_trains_one_model_and_the_chief_alone_keeps_its_save(tmp_path):
     out_dir = tmp_path / "out"
-    out = one_model_on_two_workers(tmp_path, MULTI_WORKER, out_dir)
+    out = one_model_on_two_workers(tmp_path, MULTI_WORKER, out_dir, "--same-batches")
     assert len(re.findall(r"\[worker:\d\] replicas 2 saved ", out)) == 2, out[-4000:]
     assert sorted(os.listdir(out_dir)) == ["keras-model", "weights-worker-0.npz", "weights-worker-1.npz"]
+    # The same global batches in one process (TF's strategy with no TF_CONFIG: one worker, one device): the
+    # same model, and what Keras printed after each batch on either worker is what one process prints.
+    r = subprocess.run([sys.executable, "-m", "tfcluster.tf2", MULTI_WORKER, "--out", str(tmp_path / "one"),
+                        "--num-workers", "2", "--same-batches"], capture_output=True, text=True, timeout=200,
+                       env=base_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    for a, b in zip(weights(out_dir, "worker-0"), weights(tmp_path / "one", "None-None")):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    one = batch_logs(r.stdout)
+    assert len(one) == 10, r.stdout[-2000:]
+    for task in ("worker:0", "worker:1"):
+        on_cluster = batch_logs(out, f"[{task}] ")
+        assert sorted(on_cluster) == sorted(one), out[-3000:]
+        for batch, values in one.items():
+            np.testing.assert_allclose(on_cluster[batch], values, rtol=1e-5, atol=1e-6, err_msg=f"{task} {batch}")
 
 
 @pytest.mark.timeout(300)

@@ -5,6 +5,11 @@ itself, the global batch is ``per worker * number of workers``, ``fit`` runs a
 repeated dataset for ``steps_per_epoch``, and the model is saved by the chief
 where the program says, by the others into a temporary directory they remove
 (the tutorial's ``_is_chief`` / ``write_filepath``). ``--out DIR`` is where.
+
+A test's knobs, not the tutorial's: ``--num-workers N``, the number of workers the global batch is made
+for where TF_CONFIG names none (one process on the same global batches); ``--same-batches`` seeds the
+initial values; each batch's ``logs`` (what Keras's progress bar prints mid-epoch) are printed as
+``batch E.B loss L accuracy A``.
 """
 
 import argparse
@@ -16,6 +21,8 @@ import tensorflow as tf
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
+p.add_argument("--num-workers", type=int, default=None)
+p.add_argument("--same-batches", action="store_true")
 args = p.parse_args()
 
 
@@ -26,14 +33,18 @@ def mnist_dataset(batch_size):
     return tf.data.Dataset.from_tensor_slices((x_train, y_train)).shuffle(512, seed=1).repeat().batch(batch_size)
 
 
+def init(seed):
+    return tf.keras.initializers.GlorotUniform(seed) if args.same_batches else "glorot_uniform"
+
+
 def build_and_compile_cnn_model():
     model = tf.keras.Sequential([
         tf.keras.layers.InputLayer(input_shape=(28, 28)),
         tf.keras.layers.Reshape(target_shape=(28, 28, 1)),
-        tf.keras.layers.Conv2D(8, 3, activation="relu"),
+        tf.keras.layers.Conv2D(8, 3, activation="relu", kernel_initializer=init(1)),
         tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(32, activation="relu"),
-        tf.keras.layers.Dense(10),
+        tf.keras.layers.Dense(32, activation="relu", kernel_initializer=init(2)),
+        tf.keras.layers.Dense(10, kernel_initializer=init(3)),
     ])
     model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   optimizer=tf.keras.optimizers.SGD(learning_rate=0.001), metrics=["accuracy"])
@@ -41,14 +52,25 @@ def build_and_compile_cnn_model():
 
 
 per_worker_batch_size = 32
-tf_config = json.loads(os.environ["TF_CONFIG"])
-num_workers = len(tf_config["cluster"]["worker"])
+tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+num_workers = len(tf_config["cluster"]["worker"]) if tf_config else args.num_workers
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 global_batch_size = per_worker_batch_size * num_workers
 multi_worker_dataset = mnist_dataset(global_batch_size)
 with strategy.scope():
     multi_worker_model = build_and_compile_cnn_model()
-multi_worker_model.fit(multi_worker_dataset, epochs=2, steps_per_epoch=5, verbose=2)
+
+
+class PrintBatch(tf.keras.callbacks.Callback):          # the test's eyes on the progress bar's values
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        print("batch {}.{} loss {:.7f} accuracy {:.7f}".format(self.epoch, batch, logs["loss"], logs["accuracy"]),
+              flush=True)
+
+
+multi_worker_model.fit(multi_worker_dataset, epochs=2, steps_per_epoch=5, verbose=2, callbacks=[PrintBatch()])
 
 
 def _is_chief(task_type, task_id):
