@@ -15,12 +15,18 @@ written, its bookkeeping (the ``checkpoint`` state file, a manager's list) is
 skipped, and the path it returns is the chief's, so
 ``tf.train.latest_checkpoint(dir)`` on any trainer names the chief's
 checkpoint. The non-chief's call returns once the chief's write of that path is
-complete (TF's coordination service), so what the program reads there next
+complete (a key in TF's coordination service; the chief's n-th write from a
+line of code answers a non-chief's n-th from it), so what the program reads next
 (``load_model(path)``, the latest checkpoint) is the chief's whole write.
 
 A path the program already made a non-chief's own is left alone: one with a
 directory named ``workertemp_<task index>``, TF's tutorials' and tf-keras's
-name for it (``distributed_file_utils``). Those programs remove it themselves.
+name for it (``distributed_file_utils``: ``ModelCheckpoint``, ``BackupAndRestore``).
+Those programs remove it themselves. The call still returns once the chief's
+write from the same line of code is whole: TF's Keras tutorial loads
+``tf.train.latest_checkpoint(dir)`` on every worker after ``fit``, and a
+non-chief read the chief's checkpoint of the epoch before while the chief still
+wrote the last (CI: the two workers' weights differed).
 """
 
 import collections
@@ -28,8 +34,10 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
+from typing import Optional
 
 from ..core.patches import Patch, register
 from ..topology.cluster import Cluster
@@ -37,16 +45,35 @@ from .strategies import trainers_spec
 
 log = logging.getLogger("tfcluster")
 
-#: Seconds a non-chief that wrote aside waits for the chief's write of the same path to be complete.
+#: Seconds a non-chief that wrote waits at most for the chief's write of the same line to be complete.
 CHIEF_WRITE_WAIT_SECS = 600
 
 _local = threading.local()          # inside a write already decided: a writer it calls writes as told
-_writes = collections.Counter()     # outermost writes of each path by this process, in order
+_writes = collections.Counter()     # outermost writes made from each line of code by this process, in order
+#: Frames that are no program's line: tfcluster's, TensorFlow's, contextlib's (the writer's own call chain).
+_NOT_CALLERS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, contextlib.__file__)
 
 
 def programs_own(path: str, index: int) -> bool:
     """True when ``path`` is already a non-chief's own: it has a directory ``workertemp_<index>`` (see the module)."""
     return f"workertemp_{index}" in os.path.normpath(path).split(os.sep)
+
+
+def _call_site() -> str:
+    """``file:line`` of the code that asked for the write: the first frame outside tfcluster and TensorFlow.
+
+    Every trainer runs the same lines, so the chief's n-th write from a line is the one a
+    non-chief's n-th write from that line waits for, whatever either path is (tf-keras's
+    ``BackupAndRestore`` writes the chief's under ``chief/``, a non-chief's under ``workertemp_1/``).
+    """
+    import tensorflow as tf
+    skip = _NOT_CALLERS + (os.path.dirname(os.path.abspath(tf.__file__)) + os.sep,)
+    frame = sys._getframe(1)
+    # Keras's traceback filter wraps every public method: its frame is no caller either.
+    while frame is not None and (frame.f_code.co_filename.startswith(skip)
+                                 or frame.f_code.co_filename.endswith("traceback_utils.py")):
+        frame = frame.f_back
+    return "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def _coordination():
@@ -58,28 +85,28 @@ def _coordination():
     return ctx
 
 
-def _key(path: str, count: int) -> str:
-    return f"tfcluster/wrote/{os.path.abspath(path)}#{count}"
+def _key(site: str, count: int) -> str:
+    return f"tfcluster/wrote/{site}#{count}"
 
 
-def _chief_wrote(path: str, count: int) -> None:
-    """Say the chief's ``count``-th write of ``path`` is complete (to a non-chief waiting for it)."""
+def _chief_wrote(site: str, count: int, path: str) -> None:
+    """Say the chief's ``count``-th write from ``site`` (to ``path``) is complete, to a non-chief waiting for it."""
     ctx = _coordination()
     if ctx is not None:
-        ctx.set_config_key_value(_key(path, count), "1")
+        ctx.set_config_key_value(_key(site, count), path)
 
 
-def _wait_for_chief(path: str, count: int) -> None:
-    """Return once the chief's ``count``-th write of ``path`` is complete, or after CHIEF_WRITE_WAIT_SECS."""
+def _wait_for_chief(site: str, count: int, path: str) -> None:
+    """Return once the chief's ``count``-th write from ``site`` is complete, or after CHIEF_WRITE_WAIT_SECS."""
     ctx = _coordination()
     if ctx is None:
         return
     from tensorflow.python.framework import errors
     try:
-        ctx.get_config_key_value(_key(path, count), timeout_in_ms=CHIEF_WRITE_WAIT_SECS * 1000)
+        ctx.get_config_key_value(_key(site, count), timeout_in_ms=CHIEF_WRITE_WAIT_SECS * 1000)
     except errors.DeadlineExceededError:
-        log.warning("%s: the chief did not write %s within %ds: going on without it (what the program reads "
-                    "there may be older)", Cluster.from_environment().task, path, CHIEF_WRITE_WAIT_SECS)
+        log.warning("the chief did not write %s within %ds: going on without it (what the program reads there "
+                    "may be older)", path, CHIEF_WRITE_WAIT_SECS)
     except errors.OpError:
         # The chief ended its run and took TF's coordination service with it: its writes were done by then (a
         # chief that failed instead is named at the next all-reduce, tfcluster.tf2.faults).
@@ -87,7 +114,7 @@ def _wait_for_chief(path: str, count: int) -> None:
 
 
 @contextlib.contextmanager
-def where_to_write(path: str):
+def where_to_write(cluster: Optional[Cluster], path: str):
     """The path this trainer writes ``path``'s files at: ``path`` itself, or None, or a private one (see the module).
 
     None means the files go to ``path`` as the program asked; a private path means a
@@ -99,32 +126,32 @@ def where_to_write(path: str):
         return
     _local.deciding = True
     try:
-        cluster = Cluster.from_environment()
         if trainers_spec(cluster) is None:
             yield None
             return
-        count = _writes[os.path.abspath(path)] = _writes[os.path.abspath(path)] + 1
+        site = _call_site()
+        count = _writes[site] = _writes[site] + 1
         if cluster.is_chief:
             yield None
-            _chief_wrote(path, count)
+            _chief_wrote(site, count, path)
             return
         if programs_own(path, cluster.task.index):
             yield None
-            return
-        folder = tempfile.mkdtemp(prefix="tfcluster-checkpoint-")
-        try:
-            yield os.path.join(folder, os.path.basename(os.path.normpath(path)) or "checkpoint")
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        _wait_for_chief(path, count)
+        else:
+            folder = tempfile.mkdtemp(prefix="tfcluster-checkpoint-")
+            try:
+                yield os.path.join(folder, os.path.basename(os.path.normpath(path)) or "checkpoint")
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        _wait_for_chief(site, count, path)
     finally:
         _local.deciding = False
 
 
-def checkpoint_write(original):
-    """``Checkpoint._write``: a non-chief writes aside, without the state-file and manager callbacks."""
+def checkpoint_write(original, cluster):
+    """``Checkpoint._write``: a non-chief of ``cluster`` writes aside, without the state-file and manager callbacks."""
     def _write(self, file_prefix, options=None):
-        with where_to_write(os.fspath(file_prefix)) as private:
+        with where_to_write(cluster, os.fspath(file_prefix)) as private:
             if private is None:
                 return original(self, file_prefix, options=options)
             from tensorflow.python.checkpoint import checkpoint_options
@@ -135,18 +162,18 @@ def checkpoint_write(original):
     return _write
 
 
-def save_weights(original):
+def save_weights(original, cluster):
     """tf-keras's ``Model.save_weights``: a non-chief saves aside (as ``ModelCheckpoint`` does)."""
     def save_weights(self, filepath, *args, **kwargs):
-        with where_to_write(os.fspath(filepath)) as private:
+        with where_to_write(cluster, os.fspath(filepath)) as private:
             return original(self, filepath if private is None else private, *args, **kwargs)
     return save_weights
 
 
-def saved_model(original):
+def saved_model(original, cluster):
     """``save_and_return_nodes`` (``tf.saved_model.save``, tf-keras's ``model.save``): a non-chief exports aside."""
     def save_and_return_nodes(obj, export_dir, *args, **kwargs):
-        with where_to_write(os.fspath(export_dir)) as private:
+        with where_to_write(cluster, os.fspath(export_dir)) as private:
             return original(obj, export_dir if private is None else private, *args, **kwargs)
     return save_and_return_nodes
 
@@ -157,10 +184,10 @@ register(Patch("tf2.checkpoint_aside", "tensorflow.python.checkpoint.checkpoint:
 register(Patch("tf2.save_weights_aside", "tf_keras.src.engine.training:Model.save_weights", _WHY, save_weights,
                "TF2 mode, where tf-keras is installed", params=("self", "filepath"), optional=True))
 
-def keras_saved_model(original):
+def keras_saved_model(original, cluster):
     """tf-keras's SavedModel ``save``: a non-chief exports aside, with the ``keras_metadata.pb`` written after it."""
     def save(model, filepath, *args, **kwargs):
-        with where_to_write(os.fspath(filepath)) as private:
+        with where_to_write(cluster, os.fspath(filepath)) as private:
             return original(model, filepath if private is None else private, *args, **kwargs)
     return save
 
@@ -173,5 +200,5 @@ register(Patch("tf2.saved_model_aside", "tensorflow.python.saved_model.save:save
                "on a cluster of several trainers, a non-chief's SavedModel is written aside and removed: no race on "
                "the chief's", saved_model, "TF2 mode", params=("obj", "export_dir")))
 
-#: The patches of this module TF2 mode installs.
+#: The patches of this module TF2 mode installs, each given the process's cluster (or None).
 PATCHES = ("tf2.checkpoint_aside", "tf2.save_weights_aside", "tf2.keras_saved_model_aside", "tf2.saved_model_aside")
