@@ -54,11 +54,13 @@ def install():
     from ..core import patches
     from ..topology.cluster import Cluster
     from . import checkpoints, collectives, names, preemption, progress, servers, strategies
-    for name in (names.PATCHES + strategies.PATCHES + collectives.PATCHES + progress.PATCHES + checkpoints.PATCHES
-                 + servers.PATCHES + preemption.PATCHES):
+    cluster = Cluster.from_environment()           # read once here, handed to the patches that need it
+    for name in names.PATCHES + collectives.PATCHES + progress.PATCHES + servers.PATCHES + preemption.PATCHES:
         patches.install(name)
+    for name in strategies.PATCHES + collectives.CLUSTER_PATCHES + checkpoints.PATCHES:
+        patches.install(name, cluster)
     names.refuse_estimator_packages()
-    collectives.configure(Cluster.from_environment())
+    collectives.configure(cluster)
     _installed = True
 
 

@@ -24,9 +24,10 @@ import copy
 import logging
 from typing import Optional
 
+from ..core.errors import StrategyArgumentError
 from ..core.patches import Patch, register
 from ..topology.cluster import Cluster, Role
-from .strategies import StrategyArgumentError, trainers_spec
+from .strategies import trainers_spec
 
 log = logging.getLogger("tfcluster")
 
@@ -128,7 +129,7 @@ def started_once(original):
     return enable_collective_ops
 
 
-def refuse_late_order(original):
+def refuse_late_order(original, cluster):
     """``Context.configure_collective_ops``: too late to configure is one line naming the order, not a traceback."""
     def configure_collective_ops(self, collective_leader="", *args, **kwargs):
         try:
@@ -137,7 +138,6 @@ def refuse_late_order(original):
             # One process's MultiWorkerMirroredStrategy (no leader) catches it and goes on without the features.
             if not collective_leader or "program startup" not in str(e):
                 raise
-            cluster = Cluster.from_environment()
             where = f"{cluster.task}: " if cluster is not None and cluster.task is not None else ""
             raise StrategyArgumentError(
                 f"{where}the all-reduce strategy was built after the program's first tensor, and TF configures "
@@ -191,6 +191,7 @@ register(Patch("tf2.collectives_order", _CONTEXT + "configure_collective_ops",
                "a strategy built too late to configure TF's collective runtime is one line naming the order",
                refuse_late_order, "TF2 mode", params=("self", "collective_leader")))
 
-#: The patches of this module TF2 mode installs.
-PATCHES = ("tf2.collectives_at_first_op", "tf2.collectives_once", "tf2.collectives_order", "tf2.io_device_save",
-           "tf2.io_device_load", "tf2.io_device_checkpoint")
+#: The patches of this module TF2 mode installs (:data:`CLUSTER_PATCHES` given the process's cluster).
+PATCHES = ("tf2.collectives_at_first_op", "tf2.collectives_once", "tf2.io_device_save", "tf2.io_device_load",
+           "tf2.io_device_checkpoint")
+CLUSTER_PATCHES = ("tf2.collectives_order",)

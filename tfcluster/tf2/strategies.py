@@ -20,7 +20,7 @@ import logging
 import threading
 from typing import Optional
 
-from ..core.errors import TfclusterError
+from ..core.errors import StrategyArgumentError
 from ..core.patches import Patch, register
 from ..topology.cluster import Cluster, Role
 
@@ -32,11 +32,6 @@ _built = itertools.count()
 
 #: The strategies a TF 2 program builds for one process that become the cluster's on several trainers.
 ONE_PROCESS = ("MirroredStrategy", "CentralStorageStrategy", "OneDeviceStrategy")
-
-
-class StrategyArgumentError(TfclusterError, ValueError):
-    """A strategy TF 2.21 cannot build as asked on this machine or cluster: an argument, or the order of the
-    program's lines (one line, exit 2)."""
 
 
 def trainers_spec(cluster: Cluster) -> Optional[dict]:
@@ -128,8 +123,8 @@ def multi_worker(kind: str, cluster: Cluster, devices=None, cross_device_ops=Non
     return strategy
 
 
-def on_cluster(original, kind: str, arguments):
-    """``tf.distribute.<kind>`` whose instances are the cluster's strategy on several trainers (see the module).
+def on_cluster(original, cluster: Optional[Cluster], kind: str, arguments):
+    """``tf.distribute.<kind>`` whose instances are ``cluster``'s strategy on several trainers (see the module).
 
     ``arguments(*args, **kwargs)`` -> ``(devices, cross_device_ops)`` reads the
     program's arguments in ``kind``'s signature.
@@ -148,7 +143,6 @@ def on_cluster(original, kind: str, arguments):
         def __new__(cls, *args, **kwargs):
             devices, cross_device_ops = arguments(*args, **kwargs)
             check_devices(kind, devices)
-            cluster = Cluster.from_environment()
             if trainers_spec(cluster) is None:
                 return super().__new__(cls)
             return multi_worker(kind, cluster, devices, cross_device_ops)
@@ -183,7 +177,8 @@ for _kind, _where, _arguments in (("MirroredStrategy", "", mirrored_arguments),
                                   ("CentralStorageStrategy", ".experimental", central_storage_arguments),
                                   ("OneDeviceStrategy", "", one_device_arguments)):
     register(Patch(f"tf2.cluster_{_kind}", f"{_DISTRIBUTE}{_where}:{_kind}", _CLUSTER_WHY,
-                   lambda original, kind=_kind, arguments=_arguments: on_cluster(original, kind, arguments),
+                   lambda original, cluster, kind=_kind, arguments=_arguments: on_cluster(original, cluster, kind,
+                                                                                            arguments),
                    "TF2 mode", also=(f"{_COMPAT}{_where}:{_kind}",)))
 
 _said_private = threading.Event()
@@ -194,12 +189,11 @@ def _has_strategy() -> bool:
     return tf.distribute.has_strategy()
 
 
-def said_private_copy(original):
-    """An optimizer's ``apply_gradients`` that, on a cluster of several trainers with no strategy in scope, says
+def said_private_copy(original, cluster):
+    """An optimizer's ``apply_gradients`` that, on ``cluster`` of several trainers with no strategy in scope, says
     once that this trainer trains a private copy of its model (a program that never built a strategy)."""
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         if not _said_private.is_set() and not _has_strategy():
-            cluster = Cluster.from_environment()
             _said_private.set()             # said now, or never to be said: one process, or a lone trainer
             if trainers_spec(cluster) is not None:
                 log.warning("%s trains a private copy of its model: no tf.distribute strategy holds it on this "
@@ -220,6 +214,6 @@ register(Patch("tf2.private_copy_keras3", "keras.src.optimizers.base_optimizer:B
                _PRIVATE_WHY, said_private_copy, "TF2 mode, with Keras 3", params=("self", "grads_and_vars"),
                optional=True))
 
-#: The patches of this module TF2 mode installs.
+#: The patches of this module TF2 mode installs, each given the process's cluster (or None).
 PATCHES = ("tf2.cluster_MirroredStrategy", "tf2.cluster_CentralStorageStrategy", "tf2.cluster_OneDeviceStrategy",
            "tf2.private_copy", "tf2.private_copy_v2", "tf2.private_copy_keras3")
