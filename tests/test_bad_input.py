@@ -30,7 +30,8 @@ import pytest
 
 from conftest import TFCLUSTER, base_env
 from tfcluster.core import environment
-from tfcluster.core.checks import seconds_from
+from tfcluster.core.checks import choice_from, seconds_from, switch_from
+from tfcluster.core.logs import debug_wanted
 from tfcluster.core.errors import SpecError
 from tfcluster.topology.ports import pick_free_ports
 
@@ -240,3 +241,37 @@ def test_a_duration_read_from_the_environment_is_its_default_when_unset_and_one_
     for bad in ("0", "-1", "soon", "inf", "nan"):
         with pytest.raises(SpecError, match=rf"^{variable.name}='{bad}' must be a positive number of seconds$"):
             seconds_from(variable, 7.0, {variable.name: bad})
+
+
+@pytest.mark.parametrize("variable", [environment.DEBUG, environment.START_OVER, environment.PREFETCH,
+                                      environment.TF_CHECKED])
+def test_a_switch_read_from_the_environment_is_its_default_when_unset_off_at_0_and_one_line_when_neither(variable):
+    assert switch_from(variable, True, {}) is True and switch_from(variable, False, {variable.name: " "}) is False
+    for on in ("1", "true", "Yes", "ON"):
+        assert switch_from(variable, False, {variable.name: on}) is True, on
+    for off in ("0", "false", "No", "off"):
+        assert switch_from(variable, True, {variable.name: off}) is False, off
+    with pytest.raises(SpecError, match=rf"^{variable.name}='maybe' must be 1 or 0 \(or true/yes/on, false/no/off\)$"):
+        switch_from(variable, False, {variable.name: "maybe"})
+
+
+def test_tfcluster_debug_0_turns_debug_lines_off(monkeypatch):
+    # Any value turned them on once, 0 included.
+    monkeypatch.setenv(environment.DEBUG.name, "0")
+    assert not debug_wanted() and debug_wanted(verbose=True)
+    monkeypatch.setenv(environment.DEBUG.name, "1")
+    assert debug_wanted()
+
+
+@pytest.mark.parametrize("variable,name,choices,default", [(environment.WIRE, "wire", ("float32", "bfloat16"), "float32"),
+                                                           (environment.MATH, "math", ("auto", "float32"), "auto")])
+def test_a_choice_is_the_argument_else_the_variable_else_its_default_and_a_bad_one_names_where_it_came_from(
+        variable, name, choices, default):
+    assert choice_from(name, None, variable, choices, default, {}) == default
+    assert choice_from(name, None, variable, choices, default, {variable.name: f" {choices[1]} "}) == choices[1]
+    assert choice_from(name, choices[0], variable, choices, default, {variable.name: choices[1]}) == choices[0]
+    with pytest.raises(SpecError, match=rf"^{variable.name}='x' must be one of {', '.join(choices)}$"):
+        choice_from(name, None, variable, choices, default, {variable.name: "x"})
+    with pytest.raises(SpecError, match=rf"^{name} must be one of {', '.join(choices)}, got 'x'$") as caught:
+        choice_from(name, "x", variable, choices, default, {})
+    assert caught.value.naming({name: f"--{name}"}).startswith(f"--{name} must be one of")

@@ -16,14 +16,12 @@ the programs do, here:
 """
 
 import logging
-import os
 import sys
 
 from . import environment
+from .checks import switch_from
 
 log = logging.getLogger("tfcluster")
-
-DEBUG_ENV = environment.DEBUG.name
 
 
 class _LevelPrefix(logging.Filter):
@@ -35,8 +33,8 @@ class _LevelPrefix(logging.Filter):
 
 
 def debug_wanted(verbose: bool = False) -> bool:
-    """True when debug lines were asked for (``verbose``, or TFCLUSTER_DEBUG in the environment)."""
-    return verbose or bool(os.environ.get(DEBUG_ENV))
+    """True when debug lines were asked for (``verbose``, or the switch TFCLUSTER_DEBUG on in the environment)."""
+    return verbose or switch_from(environment.DEBUG, False)
 
 
 def _install(handler, level):

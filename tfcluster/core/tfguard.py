@@ -25,7 +25,8 @@ import re
 from typing import Mapping, Optional
 
 from . import environment
-from .errors import TfclusterError
+from .checks import switch_from
+from .errors import TensorFlowMissingError
 
 log = logging.getLogger("tfcluster")
 
@@ -37,10 +38,6 @@ BUILDS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-ni
 INSTALL_HINT = "pip install 'tfcluster[tensorflow]' (or 'tfcluster[tensorflow-cpu]')"
 #: Set once the warnings were shown, so that the processes a command starts do not repeat them.
 CHECKED_ENV = environment.TF_CHECKED.name
-
-
-class TensorFlowMissingError(TfclusterError, ImportError):
-    """TensorFlow is not installed where tfcluster needs it; the message names the extra to install."""
 
 
 def installed_builds() -> dict:
@@ -92,7 +89,7 @@ def check_tensorflow(needed_for: Optional[str] = None, environ: Optional[dict] =
     if needed_for:
         require_tensorflow(needed_for)
     env = os.environ if environ is None else environ
-    if env.get(CHECKED_ENV) or not tensorflow_importable():
+    if switch_from(environment.TF_CHECKED, False, env) or not tensorflow_importable():
         return
     env[CHECKED_ENV] = "1"
     for line in tensorflow_warnings(installed_builds()):

@@ -31,7 +31,7 @@ import os
 from typing import Optional
 
 from ..core import environment
-from ..core.errors import SpecError
+from ..core.checks import choice_from
 
 #: What ``math=`` takes.
 MATHS = ("auto", "bfloat16", "float32")
@@ -64,13 +64,7 @@ def cpu_has_bfloat16(flags=None) -> bool:
 
 def resolve_math(math: Optional[str] = None, flags=None) -> str:
     """``"bfloat16"`` or ``"float32"``: ``math`` (None: ``TFCLUSTER_MATH``, else ``"auto"``) for this CPU."""
-    if math is None:
-        text = os.environ.get(MATH_ENV, "").strip()
-        if text and text not in MATHS:
-            raise SpecError(f"{MATH_ENV}={text!r} must be one of {', '.join(MATHS)}")
-        math = text or "auto"
-    elif math not in MATHS:
-        raise SpecError(f"{{math}} must be one of {', '.join(MATHS)}, got {math!r}", params=["math"])
+    math = choice_from("math", math, environment.MATH, MATHS, "auto")
     if math == "auto":
         return "bfloat16" if cpu_has_bfloat16(flags) else "float32"
     return math

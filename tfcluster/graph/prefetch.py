@@ -41,7 +41,7 @@ import re
 from typing import Optional
 
 from ..core import environment
-from ..core.errors import SpecError
+from ..core.checks import switch_from
 from . import crossing, gate
 
 log = logging.getLogger("tfcluster")
@@ -122,13 +122,10 @@ def _area(tensors, name):
 
 
 def wanted(prefetch: Optional[bool] = None) -> bool:
-    """Whether to stage: ``prefetch`` as given, else ``TFCLUSTER_PREFETCH`` (1 or 0; unset: yes)."""
+    """Whether to stage: ``prefetch`` as given, else the switch ``TFCLUSTER_PREFETCH`` (unset: yes)."""
     if prefetch is not None:
         return bool(prefetch)
-    text = environment.PREFETCH.get(default="1").strip()
-    if text not in ("0", "1"):
-        raise SpecError(f"{environment.PREFETCH.name}={text!r} must be 1 or 0")
-    return text == "1"
+    return switch_from(environment.PREFETCH, True)
 
 
 def stage(graph, worker: str) -> Optional[Staging]:

@@ -47,11 +47,10 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 """
 
 import logging
-import os
 
 from ..core import environment
-from . import crossing
-from ..core.errors import SpecError
+from ..core.checks import choice_from
+from . import crossing, gate
 
 log = logging.getLogger("tfcluster")
 
@@ -70,14 +69,7 @@ _TOP = 13
 
 def resolve_wire(wire=None) -> str:
     """``wire`` checked, or ``TFCLUSTER_WIRE`` when it is None, else ``"float32"``."""
-    if wire is None:
-        text = os.environ.get(WIRE_ENV, "").strip()
-        if text and text not in WIRES:
-            raise SpecError(f"{WIRE_ENV}={text!r} must be one of {', '.join(WIRES)}")
-        return text or "float32"
-    if wire not in WIRES:
-        raise SpecError(f"{{wire}} must be one of {', '.join(WIRES)}, got {wire!r}", params=["wire"])
-    return wire
+    return choice_from("wire", wire, environment.WIRE, WIRES, "float32")
 
 
 def _register_pass_gradient():
@@ -148,9 +140,7 @@ def gradient_way(wire: str):
 
 
 def _task_of(device: str):
-    import tensorflow as tf
-    spec = tf.DeviceSpec.from_string(device or "")
-    return spec.job, spec.task
+    return gate.task_of_device(device)
 
 
 def rows_wire(parts) -> "str | None":

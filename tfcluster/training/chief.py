@@ -23,6 +23,7 @@ import logging
 import os
 
 from ..core import environment
+from ..core.checks import switch_from
 from ..core.tferrors import summary
 from ..runtime.checkpoints import UNREADABLE_DIR, NoReadableCheckpoint, checkpoints_on_disk, set_aside
 
@@ -98,7 +99,7 @@ class ChiefStart:
                 continue
             restored = path
             break
-        if unreadable and restored is None and environment.START_OVER.get() != "1":
+        if unreadable and restored is None and not switch_from(environment.START_OVER, False):
             raise NoReadableCheckpoint(_none_readable(self.name, self.checkpoint_dir, unreadable))
         aside = [set_aside(path) for path, _ in unreadable]
         # The Saver rotates what it knows: every readable checkpoint on disk, so a restart keeps exactly max_to_keep.
