@@ -552,3 +552,15 @@ def test_renders_that_need_a_task_refuse_a_cluster_without_one():
 
 def test_an_unknown_legacy_flag_style_is_refused():
     assert "'long'" in spec_error(lambda: Cluster(JOBS, ("ps", 0)).legacy_flags(style="long"))
+
+
+@pytest.mark.parametrize("device,task", [
+    ("/job:ps/replica:0/task:1/device:CPU:0", Task("ps", 1)),
+    ("/job:ps/task:1/device:CPU:0", Task("ps", 1)),      # once counted as ps:0 (the text after its last colon)
+    ("/job:ps/task:12", Task("ps", 12)),
+    ("/job:worker/replica:0/task:3", Task("worker", 3)),
+    ("/job:ps", Task("ps", 0)),                          # no task: TF places it on the job's first
+    ("/job:chief/task:0/device:GPU:1", Task("chief", 0)),
+    ("/device:CPU:0", None), ("", None), (None, None)])
+def test_the_task_a_device_name_is_on_is_read_one_way_whatever_the_spelling(device, task):
+    assert Task.of_device(device) == task

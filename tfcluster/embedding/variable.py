@@ -24,6 +24,7 @@ import weakref
 
 from ..core.errors import SpecError
 from ..graph import crossing
+from ..topology.cluster import Task
 from .options import EmbeddingVariableOption
 
 #: Per graph, its embedding variables and every lookup a training update may follow, ``(variable, part, ids,
@@ -361,9 +362,10 @@ def rows_per_ps(graph) -> dict:
     by_ps = {}
     for v in embedding_variables(graph):
         for part in v.parts:
-            if (part.device or "").startswith("/job:ps/task:"):
+            task = Task.of_device(part.device)
+            if task is not None and task.job == "ps":       # not split(":")[-1]: /job:ps/task:1/device:CPU:0
                 with graph.as_default(), tf.device(part.device):
-                    by_ps.setdefault(f"ps:{part.device.split(':')[-1]}", []).append(
+                    by_ps.setdefault(str(task), []).append(
                         tf.raw_ops.LookupTableSizeV2(table_handle=part.values))
     with graph.as_default():
         return {ps: tf.add_n(sizes) for ps, sizes in by_ps.items()}

@@ -40,6 +40,8 @@ TensorFlow is imported lazily, so importing this module stays cheap.
 import threading
 import weakref
 
+from ..topology.cluster import Task
+
 #: Stateful ops that are no source: reading (or naming) a variable or a table changes nothing.
 NOT_SOURCES = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "Variable", "VarIsInitializedOp",
                          "ResourceGather", "ResourceGatherNd", "LookupTableFindV2", "LookupTableSizeV2",
@@ -73,12 +75,12 @@ _TASKS = {}         # device name -> (job, task): a graph names few devices, eac
 
 
 def task_of_device(device: str):
-    """``(job, task index)`` of a device name (``(None, None)`` where it names no job)."""
+    """``(job, task index)`` of a device name (``(None, None)`` where it names no job): :meth:`Task.of_device`,
+    as a tuple, remembered (the walks ask it of every op)."""
     task = _TASKS.get(device)
     if task is None:
-        import tensorflow as tf
-        spec = tf.DeviceSpec.from_string(device or "")
-        task = _TASKS[device] = (spec.job, spec.task)
+        named = Task.of_device(device)
+        task = _TASKS[device] = (None, None) if named is None else (named.job, named.index)
     return task
 
 

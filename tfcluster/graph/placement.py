@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 from ..core import environment
 from ..core.errors import SpecError
 from ..core.private import open_private
+from ..topology.cluster import Task
 
 log = logging.getLogger("tfcluster")
 
@@ -440,8 +441,8 @@ def record_ps_state(totals: dict):
     A file rather than a log line the launcher would parse: the launcher reads it
     when a ps is killed for memory, to say how much state that ps held.
     """
-    prefix = "/job:ps/task:"
-    _write_record({f"ps:{d[len(prefix):]}": n for d, n in totals.items() if d.startswith(prefix)})
+    tasks = {d: Task.of_device(d) for d in totals}
+    _write_record({str(tasks[d]): n for d, n in totals.items() if tasks[d] is not None and tasks[d].job == "ps"})
 
 
 def record_ps_rows(rows: dict, global_step: int):

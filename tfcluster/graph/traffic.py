@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Optional
 
+from ..topology.cluster import Task
 from .step import Hook, RunArgs
 
 _LABEL = re.compile(r"edge_\d+_(?P<tensor>\S+) from (?P<src>\S+) to (?P<dst>\S+)")
@@ -34,10 +35,9 @@ UPDATES = ("SparseApply", "ResourceSparseApply", "ResourceScatterUpdate", "Resou
 
 
 def task_of(device: str) -> str:
-    """``/job:ps/replica:0/task:1/device:CPU:0`` -> ``ps:1``."""
-    job = re.search(r"/job:([^/]+)", device)
-    task = re.search(r"/task:(\d+)", device)
-    return f"{job.group(1) if job else '?'}:{task.group(1) if task else 0}"
+    """``/job:ps/replica:0/task:1/device:CPU:0`` -> ``ps:1`` (``?:0`` for a device of no job)."""
+    task = Task.of_device(device)
+    return "?:0" if task is None else str(task)
 
 
 @dataclass(frozen=True)

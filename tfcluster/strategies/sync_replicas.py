@@ -30,7 +30,6 @@ TF_CONFIG or, without one, from the device its ops are placed on
 """
 
 import logging
-import re
 import threading
 import time
 
@@ -41,7 +40,7 @@ from tensorflow.python.training import sync_replicas_optimizer as _tf_sync
 from ..core import patches
 from ..core.errors import SpecError, SyncStallError
 from ..runtime.server import READY_POLL_SECS
-from ..topology.cluster import Cluster
+from ..topology.cluster import Cluster, Role, Task
 from .sync import SyncGraph
 from .sync_run import SyncFinish, stall_defaults
 
@@ -71,10 +70,10 @@ def trainer_index(anchor_device: str, total: int) -> int:
         cluster = None
     if cluster is not None and cluster.task is not None and cluster.task in cluster.trainers():
         return cluster.trainers().index(cluster.task)
-    m = re.search(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", anchor_device or "")
-    if m is None or m.group(1) in ("chief", "master"):
+    task = Task.of_device(anchor_device)
+    if task is None or task.role is Role.CHIEF:
         return 0
-    return min(int(m.group(2)), total - 1)
+    return min(task.index, total - 1)
 
 
 def _trainer_names(total: int) -> list:

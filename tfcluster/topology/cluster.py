@@ -71,6 +71,8 @@ class LegacyFlags(enum.StrEnum):
 ROLES = {"chief": Role.CHIEF, "master": Role.CHIEF, "worker": Role.WORKER, "ps": Role.PS,
          "evaluator": Role.EVALUATOR}
 _JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+#: A TF device name's task: ``/job:ps/replica:0/task:1/device:CPU:0``, ``/job:ps/task:1``, ``/job:ps``.
+_DEVICE_TASK = re.compile(r"/job:([^/]+)(?:/replica:\d+)?(?:/task:(\d+))?")
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 
 
@@ -96,6 +98,17 @@ class Task:
         """True for the tasks whose exit ends a run: the trainers, and the jobs of no role (TF 1.x's
         in-graph ``local`` runs the program); a ps serves them and the evaluator follows them."""
         return self.role not in (Role.PS, Role.EVALUATOR)
+
+    @classmethod
+    def of_device(cls, device: Optional[str]) -> Optional["Task"]:
+        """The task a TensorFlow device name is on, or None where it names no job (a local device).
+
+        ``/job:ps/replica:0/task:1/device:CPU:0`` and ``/job:ps/task:1`` are ps:1; ``/job:ps`` names no
+        task, and TF places it on the job's first: ps:0. The one home of "which task is this device on",
+        for the launcher too (no TensorFlow import).
+        """
+        m = _DEVICE_TASK.search(device or "")
+        return None if m is None else cls(m.group(1), int(m.group(2) or 0))
 
     @property
     def device(self) -> str:
