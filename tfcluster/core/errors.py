@@ -111,3 +111,41 @@ class TF1RemovedError(TfclusterError, ImportError):
         self.symbol = symbol
         self.replacement = replacement
         super().__init__(f"{symbol} is gone in TF {since}; use {replacement}")
+
+
+class MissingSlimError(TF1RemovedError):
+    """A TF 1.x name TF1 mode serves from tf-slim, which is not installed; names the extra that brings it."""
+
+    def __init__(self, symbol: str, package: str, install: str):
+        TfclusterError.__init__(self, f"{symbol} comes from the {package} package in TF1 mode, which is not "
+                                      f"installed: {install}")
+        self.symbol, self.replacement = symbol, install
+
+
+class TensorFlowMissingError(TfclusterError, ImportError):
+    """TensorFlow is not installed where tfcluster needs it; the message names the extra to install."""
+
+
+class CheckpointUnreadable(TfclusterError):
+    """A checkpoint that vanished (rotated away) or cannot be read (truncated) while it was being restored."""
+
+
+class NoReadableCheckpoint(TfclusterError):
+    """A checkpoint dir that holds checkpoints, none of them readable: training would silently start over."""
+
+
+class HorovodNotInitialized(SpecError):
+    """A Horovod call before ``hvd.init()`` (Horovod's own ValueError), in one line."""
+
+
+class TF1ModeName(TfclusterError, AttributeError):
+    """A name of TF 2.0-2.15 that tfcluster serves in TF1 mode (the Estimator's): one line naming ``--tf1``."""
+
+
+class TF1ModeImport(TfclusterError, ImportError):
+    """An import of the Estimator's package (``tensorflow_estimator``) in TF2 mode: one line naming ``--tf1``."""
+
+
+class StrategyArgumentError(TfclusterError, ValueError):
+    """A strategy TF 2.21 cannot build as asked on this machine or cluster: an argument, or the order of the
+    program's lines (one line, exit 2)."""

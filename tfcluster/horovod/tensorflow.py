@@ -23,7 +23,7 @@ import os
 import socket
 import zlib
 
-from ..core.errors import SpecError
+from ..core.errors import HorovodNotInitialized, SpecError
 from ..runtime.server import serve_local_sessions, task_server
 from ..topology.cluster import Cluster
 
@@ -38,10 +38,6 @@ GROUP_KEY = 7
 #: Seconds a broadcast waits for the other ranks (the first waits for them to start), and any one run of a
 #: session hvd.init() serves may last: a rank that stops answering without dying is found then.
 COLLECTIVE_TIMEOUT_SECS = 300.0
-
-
-class HorovodNotInitialized(SpecError):
-    """A Horovod call before ``hvd.init()`` (Horovod's own ValueError), in one line."""
 
 
 class _Ops:

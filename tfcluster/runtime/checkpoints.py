@@ -15,7 +15,7 @@ import tempfile
 import time
 from typing import Optional
 
-from ..core.errors import SpecError, TfclusterError
+from ..core.errors import CheckpointUnreadable, NoReadableCheckpoint, SpecError, TfclusterError
 
 #: The file the chief writes in the checkpoint dir after the final checkpoint.
 DONE_MARKER = "tfcluster_done.json"
@@ -225,14 +225,6 @@ def remove_partial(checkpoint_dir: str, prefix: str) -> list:
         except OSError:  # already gone, or the disk refuses even this: the next save tries again
             pass
     return removed
-
-
-class CheckpointUnreadable(TfclusterError):
-    """A checkpoint that vanished (rotated away) or cannot be read (truncated) while it was being restored."""
-
-
-class NoReadableCheckpoint(TfclusterError):
-    """A checkpoint dir that holds checkpoints, none of them readable: training would silently start over."""
 
 
 def restore_error(path: str, error) -> TfclusterError:

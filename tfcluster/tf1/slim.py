@@ -22,7 +22,7 @@ itself. tf-slim must be imported after TensorFlow, which TF1 mode always has.
 import importlib
 import types
 
-from ..core.errors import TF1RemovedError, TfclusterError
+from ..core.errors import MissingSlimError, TF1RemovedError
 
 #: The package and the extra that installs it.
 PACKAGE, EXTRA = "tf-slim", "pip install 'tfcluster[legacy]'"
@@ -66,21 +66,12 @@ SOURCES = {
 }
 
 
-class MissingSlimError(TF1RemovedError):
-    """A TF 1.x name TF1 mode serves from tf-slim, which is not installed."""
-
-    def __init__(self, symbol: str):
-        TfclusterError.__init__(self, f"{symbol} comes from the {PACKAGE} package in TF1 mode, which is not "
-                                      f"installed: {EXTRA}")
-        self.symbol, self.replacement = symbol, EXTRA
-
-
 def _import(module: str, symbol: str):
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name == "tf_slim":
-            raise MissingSlimError(symbol) from None
+            raise MissingSlimError(symbol, PACKAGE, EXTRA) from None
         if e.name == module:
             raise TF1RemovedError(symbol, f"what the {PACKAGE} package has instead (it has no {module})") from None
         raise

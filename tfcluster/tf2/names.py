@@ -15,7 +15,7 @@ import sys
 import types
 from dataclasses import dataclass
 
-from ..core.errors import TfclusterError
+from ..core.errors import TF1ModeImport, TF1ModeName
 from ..core.patches import Patch, register
 
 _LIB = "tensorflow.python.distribute.distribute_lib"
@@ -29,14 +29,6 @@ class Name:
     tf_221: str         #: what TF 2.21 does with it
     served: str         #: what TF2 mode gives
     example: str        #: one program line that uses it (tests/test_tf2.py runs each, ``strategy`` in scope)
-
-
-class TF1ModeName(TfclusterError, AttributeError):
-    """A name of TF 2.0-2.15 that tfcluster serves in TF1 mode (the Estimator's): one line naming ``--tf1``."""
-
-
-class TF1ModeImport(TfclusterError, ImportError):
-    """An import of the Estimator's package (``tensorflow_estimator``) in TF2 mode: one line naming ``--tf1``."""
 
 
 def _estimator_line(name: str, why: str = "TensorFlow 2.16 removed it") -> str:
