@@ -29,6 +29,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["TFCLUSTER_MATH"] = "float32"
 
 
+def on_ci() -> bool:
+    """True on CI (``CI`` set to 1, true or yes, as .ci/run and CI services set it), where a test that cannot run
+    is a failure, not a skip: the suite's one CI check."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def need_root(why: str) -> None:
+    """Skip the calling test without root, saying ``why``; on CI, which runs as root, fail instead."""
+    if os.geteuid() != 0:
+        if on_ci():
+            pytest.fail(f"this test needs root ({why}); CI must run it as root")
+        pytest.skip(f"needs root ({why})")
+
+
 def base_env(**extra):
     """The environment a test's child process gets: quiet TF, tfcluster importable."""
     env = dict(os.environ)

@@ -31,7 +31,7 @@ from typing import Optional
 
 import psutil
 
-from conftest import base_env
+from conftest import base_env, on_ci
 
 #: Every program the fixture and the tests run.
 PROGRAMS = ("munged", "munge", "slurmctld", "slurmd", "srun", "sbatch", "sinfo", "squeue", "scontrol", "scancel",
@@ -66,7 +66,7 @@ def required() -> bool:
     Anywhere else (a fresh container as root, a laptop) the README's test
     command must pass without Slurm, so the Slurm tests skip there, saying why.
     """
-    return bool(os.environ.get("CI"))
+    return on_ci()
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ PACKAGE = os.path.join(REPO, "tfcluster")
 #: each other); each folder is a list of rooms, lowest first. A module may import from any lower layer, and
 #: from the rooms of its own folder before its own.
 LAYERS = [
-    [("core", [["core.version", "core.exits", "core.environment", "core.patches"], ["core.errors"], ["core.tferrors", "core.logs", "core.checks", "core.programs"],
+    [("core", [["core.version", "core.exits", "core.environment", "core.patches"], ["core.errors"], ["core.checks"], ["core.tferrors", "core.logs", "core.programs"],
                ["core.duplicates"], ["core.posix", "core.tfguard", "core.private"], ["core"]])],
     [("topology", [["topology.ports", "topology.slurm", "topology.tfconfig"],
                    ["topology.cluster"], ["topology.taskenv", "topology.devices"], ["topology"]])],
@@ -333,3 +333,14 @@ def test_every_tfcluster_environment_variable_is_named_in_one_table():
 def test_the_false_duplicate_marker_lives_in_one_module():
     holders = [name for name, (_, source) in MODULES.items() if "received twice" in source]
     assert holders == ["core.duplicates"]
+
+
+def test_every_user_facing_error_class_is_declared_in_core_errors():
+    # One home for the errors a user reads (their exit codes and their names); modules raise them from there.
+    known = {"TfclusterError", "SpecError"}
+    errors = ast.parse(MODULES["core.errors"][1])
+    known |= {node.name for node in ast.walk(errors) if isinstance(node, ast.ClassDef)}
+    elsewhere = [f"{name}.{node.name}" for name, (_, source) in MODULES.items() if name != "core.errors"
+                 for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)
+                 and any(isinstance(base, ast.Name) and base.id in known for base in node.bases)]
+    assert elsewhere == []

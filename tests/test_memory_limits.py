@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from conftest import REPO, TFCLUSTER, base_env, no_process_left, wait_until
+from conftest import REPO, TFCLUSTER, base_env, need_root, no_process_left, wait_until
 from tfcluster.core import environment
 from tfcluster.launch import LaunchConfig
 from tfcluster.launch.memory import own_memory_cgroup
@@ -39,11 +39,7 @@ STATE_MB = 26 * BUCKETS * (16 + 1) * 4 * 2 / 2**20       # both tables and their
 
 
 def _need_root():
-    """Skip without root, except on CI, where a test that cannot run is a failure."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("this test needs root (it sets memory cgroup limits); CI must run it as root")
-        pytest.skip("needs root (it sets memory cgroup limits)")
+    need_root("it sets memory cgroup limits")
 
 
 def _ours():
