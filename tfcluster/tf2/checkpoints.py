@@ -60,7 +60,7 @@ def programs_own(path: str, index: int) -> bool:
 
 
 def _call_site() -> str:
-    """``file:line`` of the code that asked for the write: the first frame outside tfcluster and TensorFlow.
+    """``file:line:function`` of the code that asked for the write: the first frame outside tfcluster and TensorFlow.
 
     Every trainer runs the same lines, so the chief's n-th write from a line is the one a
     non-chief's n-th write from that line waits for, whatever either path is (tf-keras's
@@ -73,7 +73,10 @@ def _call_site() -> str:
     while frame is not None and (frame.f_code.co_filename.startswith(skip)
                                  or frame.f_code.co_filename.endswith("traceback_utils.py")):
         frame = frame.f_back
-    return "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    if frame is None:
+        return "?"
+    # The file's name, not its path: the trainers' machines may hold the program (and tf-keras) in other folders.
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
 
 
 def _coordination():
