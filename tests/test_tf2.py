@@ -266,6 +266,17 @@ def batch_logs(out: str, prefix: str = "") -> dict:
             re.finditer(rf"^{re.escape(prefix)}batch (\d+\.\d+) loss (\S+) accuracy (\S+)$", out, re.M)}
 
 
+def progress_as_one_process(out: str, one_out: str, batches: int) -> None:
+    """Each worker's ``batch`` lines in ``out`` are one process's (``one_out``): the same batches, the same values."""
+    one = batch_logs(one_out)
+    assert len(one) == batches, one_out[-2000:]
+    for task in ("worker:0", "worker:1"):
+        on_cluster = batch_logs(out, f"[{task}] ")
+        assert sorted(on_cluster) == sorted(one), out[-3000:]
+        for batch, values in one.items():
+            np.testing.assert_allclose(on_cluster[batch], values, rtol=1e-5, atol=1e-6, err_msg=f"{task} {batch}")
+
+
 @pytest.mark.timeout(400)
 def test_the_keras_tutorial_with_its_data_made_before_the_strategy_trains_prints_and_saves_as_one_process(tmp_path):
     # TF's "Distributed training with Keras": datasets first, then MirroredStrategy, fit with its callbacks,
@@ -279,13 +290,7 @@ def test_the_keras_tutorial_with_its_data_made_before_the_strategy_trains_prints
     for a, b in zip(weights(cluster, "worker-0"), weights(tmp_path / "one", "local-0")):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     # What Keras reports after each batch (its progress bar's values) is one process's, on every worker.
-    one = batch_logs(r.stdout)
-    assert len(one) == 16, r.stdout[-2000:]
-    for task in ("worker:0", "worker:1"):
-        on_cluster = batch_logs(out, f"[{task}] ")
-        assert sorted(on_cluster) == sorted(one), out[-3000:]
-        for batch, values in one.items():
-            np.testing.assert_allclose(on_cluster[batch], values, rtol=1e-5, atol=1e-6, err_msg=f"{task} {batch}")
+    progress_as_one_process(out, r.stdout, batches=16)
     # Both workers saved; the chief's SavedModels are where the program says, whole, and predict in one process
     # without a strategy what the cluster's model predicts.
     assert len(re.findall(r"^\[worker:\d\] Unreplicated eval loss", out, re.M)) == 2, out[-3000:]
@@ -505,13 +510,7 @@ def test_tfs_multi_worker_keras_tutorial_trains_one_model_and_the_chief_alone_ke
     assert r.returncode == 0, r.stderr[-3000:]
     for a, b in zip(weights(out_dir, "worker-0"), weights(tmp_path / "one", "None-None")):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    one = batch_logs(r.stdout)
-    assert len(one) == 10, r.stdout[-2000:]
-    for task in ("worker:0", "worker:1"):
-        on_cluster = batch_logs(out, f"[{task}] ")
-        assert sorted(on_cluster) == sorted(one), out[-3000:]
-        for batch, values in one.items():
-            np.testing.assert_allclose(on_cluster[batch], values, rtol=1e-5, atol=1e-6, err_msg=f"{task} {batch}")
+    progress_as_one_process(out, r.stdout, batches=10)
 
 
 @pytest.mark.timeout(300)
